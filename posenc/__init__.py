@@ -1,0 +1,11 @@
+"""posenc: the fixed (sinusoidal) positional encoding of transformers, exact and tested.
+
+The modules are generated from the notebooks in ``book/`` (see ``tools/nbexport.py``); this file, written by
+hand, states the public API.
+"""
+
+from posenc.encoding import frequencies, sinusoidal_encoding
+from posenc.module import PositionalEncoding, get_positional_encoding
+
+__all__ = ["PositionalEncoding", "frequencies", "get_positional_encoding", "sinusoidal_encoding"]
+__version__ = "0.1.0"
