@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-__all__ = ['LAYOUTS', 'SCHEDULES', 'frequencies', 'sinusoidal_encoding']
+__all__ = ["LAYOUTS", "SCHEDULES", "frequencies", "sinusoidal_encoding"]
 
 import math
 import numbers
@@ -35,9 +35,14 @@ def _check_d_model(d_model: object) -> int:
 def _check_base(base: object) -> float:
     """Return `base` as a float > 1, or raise naming the argument, the value and the fix."""
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
-        raise TypeError(f"base must be a real number > 1, got {base!r} of type {type(base).__name__}; the paper uses base=10000.0")
+        raise TypeError(
+            f"base must be a real number > 1, got {base!r} of type {type(base).__name__}; the paper uses base=10000.0"
+        )
     if not (math.isfinite(base) and base > 1):
-        raise ValueError(f"base must be a finite number > 1 (wavelengths grow from 2*pi to 2*pi*base), got {base}; the paper uses base=10000.0")
+        raise ValueError(
+            f"base must be a finite number > 1 (wavelengths grow from 2*pi to 2*pi*base), got {base}; "
+            "the paper uses base=10000.0"
+        )
     return float(base)
 
 

@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
-__all__ = ['CLASSIC_TABLE_KEYS', 'get_positional_encoding', 'PositionalEncoding']
+__all__ = ["CLASSIC_TABLE_KEYS", "PositionalEncoding", "get_positional_encoding"]
 
 import numbers
 import operator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,13 +38,17 @@ def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
 
 def _check_max_len(max_len: object) -> int:
     if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 1:
-        raise ValueError(f"max_len must be a positive int (the number of cached positions), got {max_len!r}; pass e.g. max_len=5000")
+        raise ValueError(
+            f"max_len must be a positive int (the number of cached positions), got {max_len!r}; pass e.g. max_len=5000"
+        )
     return int(max_len)
 
 
 def _check_dropout(p: object) -> float:
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(f"dropout_prob must be a float in [0, 1], got {p!r} of type {type(p).__name__}; pass e.g. dropout_prob=0.1")
+        raise TypeError(
+            f"dropout_prob must be a float in [0, 1], got {p!r} of type {type(p).__name__}; pass e.g. dropout_prob=0.1"
+        )
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout_prob must be in [0, 1], got {p}; pass e.g. dropout_prob=0.1 (0 disables dropout)")
     return float(p)
@@ -148,7 +153,9 @@ class PositionalEncoding(nn.Module):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3:
             layout = "[batch, seq_len, d_model]" if self.batch_first else "[seq_len, batch, d_model]"
-            hint = " (add the batch axis: x.unsqueeze(1), or x.unsqueeze(0) with batch_first=True)" if x.dim() == 2 else ""
+            hint = ""
+            if x.dim() == 2:
+                hint = " (add the batch axis: x.unsqueeze(1), or x.unsqueeze(0) with batch_first=True)"
             raise ValueError(f"x must be 3-D {layout}, got shape {tuple(x.shape)}{hint}")
         if x.shape[2] != self.d_model:
             raise ValueError(
@@ -180,7 +187,9 @@ class PositionalEncoding(nn.Module):
 
     def _explicit(self, positions: Tensor, x: Tensor, seq_len: int) -> Tensor:
         if not isinstance(positions, Tensor):
-            raise TypeError(f"positions must be an integer tensor [seq_len] or [batch, seq_len], got {type(positions).__name__}")
+            raise TypeError(
+                f"positions must be an integer tensor [seq_len] or [batch, seq_len], got {type(positions).__name__}"
+            )
         batch = x.shape[0 if self.batch_first else 1]
         if positions.shape not in ((seq_len,), (batch, seq_len)):
             order = "x is [batch, seq_len, d_model]" if self.batch_first else "x is [seq_len, batch, d_model]"
@@ -193,7 +202,16 @@ class PositionalEncoding(nn.Module):
             return pe if self.batch_first else pe.unsqueeze(1)
         return pe if self.batch_first else pe.transpose(0, 1)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):  # noqa: ANN001
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         # Checkpoints of the classic modules carry their table; it is a constant, so it is dropped here.
         for key in CLASSIC_TABLE_KEYS:
             table = state_dict.pop(prefix + key, None)
@@ -202,7 +220,9 @@ class PositionalEncoding(nn.Module):
                     f"{prefix + key}: the checkpoint's positional table has width {table.shape[-1]}, "
                     f"this module has d_model={self.d_model}"
                 )
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
 
 def _check_offset(offset: object) -> int:
@@ -214,7 +234,8 @@ def _check_offset(offset: object) -> int:
         offset = operator.index(offset)
     except TypeError:
         raise TypeError(
-            f"offset must be an int >= 0 (the position of x's first token), got {offset!r} of type {type(offset).__name__}"
+            f"offset must be an int >= 0 (the position of x's first token), "
+            f"got {offset!r} of type {type(offset).__name__}"
         ) from None
     if offset < 0:
         raise ValueError(f"offset must be an int >= 0 (the position of x's first token), got {offset}")
