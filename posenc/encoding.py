@@ -19,7 +19,9 @@ SCHEDULES = ("paper", "tensor2tensor")
 
 def _check_d_model(d_model: object) -> int:
     """Return `d_model` as an int, or raise naming the argument, the value and the fix."""
-    if isinstance(d_model, bool) or not isinstance(d_model, int):
+    if isinstance(d_model, bool):
+        raise TypeError(f"d_model must be a positive int (the embedding width), got {d_model!r}; pass e.g. d_model=512")
+    if not isinstance(d_model, int):
         try:
             d_model = operator.index(d_model)  # numpy ints and 0-d integer tensors
         except TypeError:
@@ -145,7 +147,9 @@ def sinusoidal_encoding(
                 f"positions must be an integer tensor, got dtype {positions.dtype}; "
                 "pass e.g. positions.long() (positions are token indices 0, 1, 2, ...)"
             )
-        if not torch.compiler.is_compiling() and positions.numel() and bool((positions < 0).any()):
+        # (a value check: skipped under torch.compile and on the meta device, where values are unknown)
+        checkable = not torch.compiler.is_compiling() and positions.device.type != "meta"
+        if checkable and positions.numel() and bool((positions < 0).any()):
             raise ValueError(
                 f"positions must be >= 0, got a minimum of {int(positions.min())}; "
                 "shift them, e.g. positions - positions.min()"

@@ -125,11 +125,13 @@ def drift(root: Path = ROOT) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="report drift instead of writing files")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the project root (default: this checkout)")
     args = parser.parse_args(argv)
-    files = exported()
-    stale = _stale(ROOT, files)
+    root = args.root.resolve()
+    files = exported(root)
+    stale = _stale(root, files)
     if args.check:
-        drift_lines = drift()
+        drift_lines = drift(root)
         if drift_lines:
             print("posenc/ is out of sync with the notebooks; run `make export`:", *drift_lines[:200], sep="\n")
             return 1
@@ -137,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for path, source in files.items():
         path.write_text(source, encoding="utf-8")
-        print(f"wrote {path.relative_to(ROOT).as_posix()}")
+        print(f"wrote {path.relative_to(root).as_posix()}")
     for path in stale:
         path.unlink()
-        print(f"removed {path.relative_to(ROOT).as_posix()} (no notebook exports it)")
+        print(f"removed {path.relative_to(root).as_posix()} (no notebook exports it)")
     return 0
 
 

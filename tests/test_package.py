@@ -1,0 +1,60 @@
+"""`import posenc` works from a wheel built from the repository, installed into a clean venv without book/."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+import torch
+
+import posenc
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_public_api() -> None:
+    assert sorted(posenc.__all__) == sorted(
+        name for name in dir(posenc) if not name.startswith("_") and name not in {"encoding", "module", "offsets"}
+        and not isinstance(getattr(posenc, name), type(posenc))
+    )
+    for name in posenc.__all__:
+        assert getattr(posenc, name).__doc__, f"posenc.{name} has no docstring"
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_a_clean_venv_and_imports(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels), str(ROOT)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    (wheel,) = wheels.glob("posenc-*.whl")
+    env_dir = tmp_path / "clean-venv"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    # Install the wheel by pip (from this environment) into the clean venv's site-packages, nothing else.
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", site, str(wheel)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    # torch is not re-installed: a .pth line points at this environment's site-packages (a plain path line
+    # does not run that directory's .pth files, so the editable install of posenc stays invisible).
+    (Path(site) / "torch_from_host.pth").write_text(str(Path(torch.__file__).parent.parent) + "\n")
+    script = (
+        "import posenc, torch, pathlib; "
+        "assert 'clean-venv' in posenc.__file__, posenc.__file__; "
+        "pe = posenc.PositionalEncoding(8, 0.0)(torch.zeros(3, 2, 8)); "
+        "assert pe.shape == (3, 2, 8); "
+        "assert not (pathlib.Path(posenc.__file__).parent.parent / 'book').exists(); "
+        "print(posenc.__file__)"
+    )
+    result = subprocess.run([python, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sysconfig.get_paths()["purelib"] != site
