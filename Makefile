@@ -16,6 +16,8 @@ help:
 	@echo "make export     regenerate posenc/ from the notebooks' exported cells"
 	@echo "make lab        open JupyterLab on book/ with the project's environment"
 	@echo "make lint       ruff on the package, tests, tools and notebooks"
+	@echo "make bench      time posenc against the classic recipes and the roofline -> benchmarks/results/"
+	@echo "make gpu-check  on a CUDA machine (plain python3 with torch and pytest): GPU tests + benchmark"
 
 venv: $(STAMP)
 
@@ -47,6 +49,14 @@ check-export: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check posenc tests tools book
 	$(VENV)/bin/ruff format --check posenc tests tools
+
+# Full sizes on CPU (and CUDA when available), with the torch.compile variants; a few minutes.
+bench: $(STAMP)
+	$(PY) benchmarks/bench.py --compiled
+
+# For a machine with CUDA whose own python3 has torch and pytest: no venv, no Jupyter. Under 5 minutes.
+gpu-check:
+	$(PYTHON) tools/gpu_check.py
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=book

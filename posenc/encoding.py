@@ -181,4 +181,19 @@ def sinusoidal_encoding(
     else:
         # [all ceil(d/2) sines | the floor(d/2) paired cosines]
         pe = torch.cat((sin, cos[..., : d_model // 2]), dim=-1)
-    return pe.to(dtype)
+    return _round_once(pe, dtype)
+
+
+def _round_once(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Round float64 ``x`` to ``dtype`` once (to nearest, ties to even): same shape as ``x``.
+
+    ``Tensor.to`` converts float64 to float16 and bfloat16 through float32, rounding twice. Rounding first to
+    float32 *to odd* (towards zero, then setting the last bit of inexact results) makes the two roundings
+    equal to one, since float32 carries at least two more bits than either target (Boldo and Melquiond, 2008).
+    """
+    if dtype not in (torch.float16, torch.bfloat16):
+        return x.to(dtype)  # float64 -> float32 (or float64) is a single rounding
+    y = x.to(torch.float32)
+    # round to odd: step back towards zero where rounding went away from it, then make inexact results odd
+    y = torch.where(y.double().abs() > x.abs(), torch.nextafter(y, torch.zeros_like(y)), y)
+    return torch.where(y.double() != x, (y.view(torch.int32) | 1).view(torch.float32), y).to(dtype)

@@ -119,8 +119,10 @@ class PositionalEncoding(nn.Module):
         Returns:
             Tensor of shape ``[n, d_model]`` for an int ``n``, ``[*positions.shape, d_model]`` for a tensor.
         """
+        # torch.compile(dynamic=True) would trace the float `base` as a symbol; read it as the constant it is
+        base = _constant_base(self) if torch.compiler.is_compiling() else self.base
         return sinusoidal_encoding(
-            positions, self.d_model, base=self.base, dtype=dtype, device=device,
+            positions, self.d_model, base=base, dtype=dtype, device=device,
             layout=self.layout, frequencies=self.frequencies,
         )  # fmt: skip
 
@@ -172,12 +174,12 @@ class PositionalEncoding(nn.Module):
             elif offset < 0:
                 raise ValueError(f"offset must be an int >= 0 (the position of x's first token), got {offset}")
             end = offset + seq_len
-            if end <= self.max_len and not torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():
+                pe = self._compiled_rows(x, offset, end)
+            elif end <= self.max_len:
                 pe = self._table(x.device, x.dtype)[offset:end]
             else:
-                # beyond the cache (or under torch.compile/export): computed on the fly, nothing is stored
-                pe = self.encoding(torch.arange(offset, end, device=x.device), dtype=x.dtype)
-                pe = pe if self.batch_first else pe.unsqueeze(1)
+                pe = self._rows_on_the_fly(x, offset, end)
         else:
             pe = self._explicit(positions, x, seq_len)
         out = x + pe
@@ -185,13 +187,29 @@ class PositionalEncoding(nn.Module):
             out = self.dropout(out)
         return out
 
+    def _rows_on_the_fly(self, x: Tensor, offset: int, end: int) -> Tensor:
+        # beyond the cache (or in an exported program): computed for this call, nothing is stored
+        pe = self.encoding(torch.arange(offset, end, device=x.device), dtype=x.dtype)
+        return pe if self.batch_first else pe.unsqueeze(1)
+
+    def _compiled_rows(self, x: Tensor, offset: int, end: int) -> Tensor:
+        # torch.export: computed inside the program, which then holds no table and mutates nothing
+        # (checked first, so that no guard on the symbolic length against max_len is recorded)
+        if _is_exporting() or end > self.max_len:
+            return self._rows_on_the_fly(x, offset, end)
+        # torch.compile: the table is built while the graph is traced, outside it, and read as a graph input
+        _build_table_outside_graph(self, x.device, x.dtype)
+        return self._table(x.device, x.dtype)[offset:end]
+
     def _explicit(self, positions: Tensor, x: Tensor, seq_len: int) -> Tensor:
         if not isinstance(positions, Tensor):
             raise TypeError(
                 f"positions must be an integer tensor [seq_len] or [batch, seq_len], got {type(positions).__name__}"
             )
         batch = x.shape[0 if self.batch_first else 1]
-        if positions.shape not in ((seq_len,), (batch, seq_len)):
+        # dims compared one by one: comparing whole shapes would tie a symbolic seq_len to batch under export
+        shared = positions.dim() == 1 and positions.shape[0] == seq_len
+        if not (shared or (positions.dim() == 2 and positions.shape[0] == batch and positions.shape[1] == seq_len)):
             order = "x is [batch, seq_len, d_model]" if self.batch_first else "x is [seq_len, batch, d_model]"
             raise ValueError(
                 f"positions must have shape [seq_len]=({seq_len},) or [batch, seq_len]=({batch}, {seq_len}) "
@@ -240,3 +258,26 @@ def _check_offset(offset: object) -> int:
     if offset < 0:
         raise ValueError(f"offset must be an int >= 0 (the position of x's first token), got {offset}")
     return offset
+
+
+# torch.export sets is_exporting(); torch < 2.4 lacks it, and there any compilation is treated as an export.
+_is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
+
+
+@torch.compiler.assume_constant_result
+def _build_table_outside_graph(module: PositionalEncoding, device: torch.device, dtype: torch.dtype) -> bool:
+    """Fill ``module``'s cache for (device, dtype) when torch.compile traces ``forward``, not inside the graph.
+
+    Dynamo runs this function eagerly while tracing and keeps only its (constant) result, so the table is
+    built once, in float64 rounded once, and the compiled graph reads it as an input: a slice and an add,
+    as in eager mode. Marked as a static address so CUDA graphs do not copy it on every replay.
+    """
+    table = module._table(device, dtype)
+    torch._dynamo.mark_static_address(table)
+    return True
+
+
+@torch.compiler.assume_constant_result
+def _constant_base(module: PositionalEncoding) -> float:
+    """``module.base`` as a constant of the traced graph (checked at construction, never changed)."""
+    return module.base

@@ -1,0 +1,343 @@
+"""The rendered book, checked in a real browser: every page of the table of contents, as a reader gets it.
+
+The built HTML (``POSENC_BOOK_HTML``, default ``_build/html``) is served on 127.0.0.1 and opened in Debian's
+Chromium through Playwright. Each page is visited once; what the visit saw is then checked page by page: it
+loads, every request succeeds and stays on localhost, the console has no error, the math is typeset, every image
+loads, every internal link (and its #fragment) resolves, no exporter directive shows in the code, and notebook
+pages offer their ``.ipynb``. Then the search page finds a word of the body text and the API page documents
+``PositionalEncoding`` with each of its parameters.
+
+Without Chromium or a built book these tests skip, saying why; with ``CI`` set they fail instead (``.ci/run``
+installs Chromium and builds the book first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urldefrag, urljoin, urlsplit
+
+import pytest
+
+from tests.browser_helpers import (
+    DESKTOP,
+    ROOT,
+    WAIT_FOR_MATHJAX,
+    book_html_dir,
+    book_missing_reason,
+    browser_missing_reason,
+    html_path,
+    is_local,
+    launch_chromium,
+    serve,
+    toc_pages,
+)
+
+pytestmark = pytest.mark.browser
+
+PAGES = toc_pages()
+NOTEBOOK_PAGES = [page for page in PAGES if (ROOT / f"{page}.ipynb").is_file()]
+API_PAGE = "book/api"
+SEARCH_WORD = "sinusoidal"  # in the intro's first sentence, and in every chapter
+
+
+def unavailable(reason: str) -> None:
+    """Skip, or fail where ``CI`` is set: CI must run these checks, never skip them."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} -- CI is set, so the browser tests must run")
+    pytest.skip(reason)
+
+
+# Everything the browser saw on one page, collected in a single visit.
+@dataclasses.dataclass
+class Visit:
+    url: str
+    status: int | None = None
+    title: str = ""
+    h1: str = ""
+    failed_requests: list[str] = dataclasses.field(default_factory=list)
+    bad_responses: list[str] = dataclasses.field(default_factory=list)
+    external_requests: list[str] = dataclasses.field(default_factory=list)
+    console_errors: list[str] = dataclasses.field(default_factory=list)
+    dom: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# One pass over the rendered page: images (loaded eagerly, then decoded), math, raw TeX outside code, links,
+# code text. Raw TeX: text outside pre/code/MathJax output holding \( \) \[ \] $$, a $...$ pair or a TeX command
+# such as \texttt (the bibliography's entries are not LaTeX-rendered: pybtex prints commands as they are).
+COLLECT = r"""async () => {
+  const imgs = Array.from(document.images);
+  for (const img of imgs) img.loading = 'eager';
+  await Promise.all(imgs.map(img => img.decode().catch(() => null)));
+  const images = imgs.map(img => ({src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0}));
+  const maths = Array.from(document.querySelectorAll('.math'));
+  const untypeset = maths.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 80));
+  const mathErrors = Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent.slice(0, 80));
+  const skip = 'pre, code, script, style, textarea, mjx-container, .highlight';
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT, {
+    acceptNode: n => (n.parentElement && n.parentElement.closest(skip)) ? NodeFilter.FILTER_REJECT
+                                                                        : NodeFilter.FILTER_ACCEPT});
+  let text = '';
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) text += n.nodeValue;
+  const rawTex = [];
+  const pattern = /\\\(|\\\)|\\\[|\\\]|\\[a-zA-Z]+|\$\$|(?<![\w$\\])\$[^$\s][^$]*?(?<![\s\\])\$(?![\w$])/g;
+  for (const m of text.matchAll(pattern)) {
+    rawTex.push(text.slice(Math.max(0, m.index - 30), m.index + m[0].length + 30).replace(/\s+/g, ' '));
+  }
+  const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.href);
+  const downloads = Array.from(document.querySelectorAll('a.btn-download-source-button')).map(a => a.href);
+  const code = Array.from(document.querySelectorAll('pre')).map(p => p.textContent);
+  const article = document.querySelector('article') || document.body;
+  return {images, mathCount: maths.length, untypeset, mathErrors, rawTex, links, downloads, code,
+          text: article.innerText};
+}"""
+
+
+@pytest.fixture(scope="module")
+def book_dir() -> Path:
+    reason = book_missing_reason()
+    if reason:
+        unavailable(reason)
+    return book_html_dir()
+
+
+@pytest.fixture(scope="module")
+def base_url(book_dir: Path) -> Iterator[str]:
+    with serve(book_dir) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def chromium_context(base_url: str) -> Iterator[Any]:
+    reason = browser_missing_reason()
+    if reason:
+        unavailable(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = launch_chromium(playwright)
+        context = browser.new_context(viewport=DESKTOP)
+        context.set_default_timeout(20_000)
+        yield context
+        context.close()
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def visit(chromium_context: Any, base_url: str, book_dir: Path) -> Callable[..., Visit]:
+    """``visit(path, ready=None)``: open ``base_url + path`` once (cached), wait for MathJax and for the CSS
+    selector ``ready`` if given, then collect what the page shows (``dom["ready"]``: the hrefs ``ready`` matched)."""
+    cache: dict[str, Visit] = {}
+
+    def do_visit(path: str, ready: str | None = None) -> Visit:
+        if path in cache:
+            return cache[path]
+        file = book_dir / urlsplit(path).path
+        if not file.is_file():
+            unavailable(f"{file} is not built (the table of contents is newer than the book: run `make book`)")
+        result = Visit(url=urljoin(base_url, path))
+        page = chromium_context.new_page()
+
+        def route(route: Any) -> None:
+            if is_local(route.request.url):
+                route.continue_()
+            else:
+                result.external_requests.append(route.request.url)
+                route.abort()
+
+        page.route("**/*", route)
+        page.on("console", lambda m: m.type == "error" and result.console_errors.append(f"{m.text} ({m.location})"))
+        page.on("pageerror", lambda e: result.console_errors.append(f"uncaught: {e}"))
+        page.on(
+            "requestfailed",
+            lambda r: is_local(r.url) and result.failed_requests.append(f"{r.url} ({r.failure})"),
+        )
+        page.on("response", lambda r: r.status >= 400 and result.bad_responses.append(f"{r.status} {r.url}"))
+        try:
+            response = page.goto(result.url, wait_until="load")
+            result.status = response.status if response else None
+            page.evaluate(WAIT_FOR_MATHJAX)
+            if ready:
+                page.wait_for_selector(ready, state="attached")
+            page.wait_for_load_state("networkidle")
+            result.title = page.title()
+            result.h1 = page.locator("h1").first.inner_text() if page.locator("h1").count() else ""
+            result.dom = page.evaluate(COLLECT)
+            if ready:
+                result.dom["ready"] = page.eval_on_selector_all(ready, "els => els.map(a => a.href)")
+            page.wait_for_load_state("networkidle")
+        finally:
+            page.close()
+        cache[path] = result
+        return result
+
+    return do_visit
+
+
+@pytest.fixture(scope="module")
+def fetch(base_url: str) -> Callable[[str], tuple[int, str]]:
+    """``fetch(url)``: (status, body) of a local URL without its fragment, cached."""
+    cache: dict[str, tuple[int, str]] = {}
+
+    def do_fetch(url: str) -> tuple[int, str]:
+        if url not in cache:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    cache[url] = (response.status, response.read().decode("utf-8", errors="replace"))
+            except urllib.error.HTTPError as error:
+                cache[url] = (error.code, "")
+        return cache[url]
+
+    return do_fetch
+
+
+# ---- every page of the table of contents -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_page_loads(visit: Callable[..., Visit], docname: str) -> None:
+    seen = visit(html_path(docname))
+    assert seen.status == 200, f"{seen.url} answered {seen.status}"
+    assert seen.h1.strip(), f"{seen.url} has no heading"
+    assert seen.title.strip(), f"{seen.url} has no <title>"
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_every_request_succeeds_on_localhost(visit: Callable[..., Visit], docname: str) -> None:
+    seen = visit(html_path(docname))
+    assert not seen.external_requests, f"{docname} requests beyond localhost: {seen.external_requests}"
+    assert not seen.failed_requests, f"{docname} has failed requests: {seen.failed_requests}"
+    assert not seen.bad_responses, f"{docname} has responses >= 400: {seen.bad_responses}"
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_no_console_error(visit: Callable[..., Visit], docname: str) -> None:
+    seen = visit(html_path(docname))
+    assert not seen.console_errors, f"{docname} logs console errors: {seen.console_errors}"
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_math_is_typeset(visit: Callable[..., Visit], docname: str) -> None:
+    dom = visit(html_path(docname)).dom
+    assert not dom["untypeset"], f"{docname}: math left untypeset by MathJax: {dom['untypeset']}"
+    assert not dom["mathErrors"], f"{docname}: MathJax could not parse: {dom['mathErrors']}"
+    assert not dom["rawTex"], f"{docname}: raw TeX shows as text: {dom['rawTex']}"
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_every_image_loads(visit: Callable[..., Visit], docname: str) -> None:
+    images = visit(html_path(docname)).dom["images"]
+    broken = [image["src"] for image in images if not image["ok"]]
+    assert not broken, f"{docname}: images that did not load (naturalWidth 0): {broken}"
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_every_internal_link_resolves(
+    visit: Callable[..., Visit], fetch: Callable[[str], tuple[int, str]], docname: str
+) -> None:
+    broken = []
+    for link in sorted(set(visit(html_path(docname)).dom["links"])):
+        if urlsplit(link).scheme not in ("http", "https") or not is_local(link):
+            continue
+        target, fragment = urldefrag(link)
+        status, body = fetch(target)
+        if status != 200:
+            broken.append(f"{link} ({status})")
+        elif fragment and not re.search(rf'\b(?:id|name)="{re.escape(unquote(fragment))}"', body):
+            broken.append(f"{link} (no element with id {unquote(fragment)!r})")
+    assert not broken, f"{docname} links to what does not exist: {broken}"
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_no_directive_line_in_rendered_code(visit: Callable[..., Visit], docname: str) -> None:
+    shown = [line for block in visit(html_path(docname)).dom["code"] for line in block.splitlines()]
+    directives = [line for line in shown if line.lstrip().startswith("#|")]
+    assert not directives, f"{docname} shows exporter directives in its code: {directives}"
+
+
+@pytest.mark.parametrize("docname", NOTEBOOK_PAGES)
+def test_notebook_page_offers_its_ipynb(
+    visit: Callable[..., Visit], fetch: Callable[[str], tuple[int, str]], docname: str
+) -> None:
+    downloads = [url for url in visit(html_path(docname)).dom["downloads"] if url.endswith(".ipynb")]
+    assert downloads, f"{docname} has no .ipynb download button"
+    status, body = fetch(downloads[0])
+    assert status == 200, f"{downloads[0]} answered {status}"
+    assert '"cells"' in body and '"nbformat"' in body, f"{downloads[0]} is not a notebook"
+
+
+# ---- the built files, without a browser ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_no_directive_line_in_html(book_dir: Path, docname: str) -> None:
+    file = book_dir / html_path(docname)
+    if not file.is_file():
+        unavailable(f"{file} is not built (run `make book`)")
+    html = file.read_text(encoding="utf-8")
+    lines = [line for line in re.sub(r"<[^>]+>", "", html).splitlines() if line.lstrip().startswith("#|")]
+    assert not lines, f"{file} contains exporter directive lines: {lines}"
+
+
+def test_figures_are_opaque(book_dir: Path) -> None:
+    """A transparent figure shows black axis text on the dark theme's background; ours are drawn on white."""
+    import matplotlib.image
+
+    transparent = []
+    for png in sorted((book_dir / "_images").glob("*.png")):
+        pixels = matplotlib.image.imread(png)
+        if pixels.ndim == 3 and pixels.shape[2] == 4 and float(pixels[..., 3].min()) < 1.0:
+            transparent.append(png.name)
+    assert not transparent, f"figures with a transparent background (unreadable in dark mode): {transparent}"
+
+
+# ---- the search page and the API page -------------------------------------------------------------------------
+
+
+def test_search_finds_a_word_of_the_body_text(visit: Callable[..., Visit]) -> None:
+    intro = visit(html_path(PAGES[0]))
+    assert SEARCH_WORD in intro.dom["text"].lower(), f"{SEARCH_WORD!r} is no longer in the intro's text"
+    search = visit(f"search.html?q={SEARCH_WORD}", ready="#search-results ul.search li a")
+    assert not search.external_requests, f"the search page requests beyond localhost: {search.external_requests}"
+    assert not search.failed_requests + search.bad_responses, (
+        f"the search page has failed requests: {search.failed_requests + search.bad_responses}"
+    )
+    assert not search.console_errors, f"the search page logs console errors: {search.console_errors}"
+    hit_pages = {urlsplit(hit).path.lstrip("/") for hit in search.dom["ready"]}
+    assert html_path(PAGES[0]) in hit_pages, f"searching {SEARCH_WORD!r} did not find the intro: {hit_pages}"
+
+
+def test_api_page_documents_positional_encoding(chromium_context: Any, base_url: str, book_dir: Path) -> None:
+    import posenc
+
+    if API_PAGE not in PAGES:
+        pytest.fail(f"{API_PAGE} is not in _toc.yml")
+    page = chromium_context.new_page()
+    try:
+        page.goto(urljoin(base_url, html_path(API_PAGE)), wait_until="load")
+        documented = {}
+        for name, obj in [
+            ("posenc.PositionalEncoding", posenc.PositionalEncoding),
+            ("posenc.PositionalEncoding.forward", posenc.PositionalEncoding.forward),
+        ]:
+            entry = page.locator(f'dl:has(> dt[id="{name}"])').first
+            assert entry.count(), f"the API page has no entry for {name}"
+            signature = entry.locator(f'dt[id="{name}"] em.sig-param').all_inner_texts()
+            described = entry.locator("> dd > dl.field-list strong").all_inner_texts()
+            wanted = [p for p in inspect.signature(obj).parameters if p != "self"]
+            documented[name] = (wanted, signature, described)
+    finally:
+        page.close()
+    for name, (wanted, signature, described) in documented.items():
+        in_signature = {re.split(r"[=:]", s, maxsplit=1)[0].strip() for s in signature}
+        missing = [p for p in wanted if p not in in_signature]
+        assert not missing, f"{name}'s rendered signature lacks {missing}: {signature}"
+        undescribed = [p for p in wanted if p not in described]
+        assert not undescribed, f"{name}'s parameters without a description on the API page: {undescribed}"
