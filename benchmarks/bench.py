@@ -361,6 +361,12 @@ def run(
     }
 
 
+def latest_results(device: str, directory: Path = RESULTS) -> dict[str, Any] | None:
+    """The most recent full-size results file for ``device`` ("cpu" or "gpu"), or None if there is none."""
+    files = sorted(p for p in directory.glob(f"{device}-*.json") if not p.stem.endswith("-small"))
+    return json.loads(files[-1].read_text()) if files else None
+
+
 def allocator_effect(shape: tuple[int, int, int] = (2048, 8, 512), rounds: int = 5) -> dict[str, Any]:
     """Roofline and posenc times at ``shape`` (eval, CPU) in two child processes, with and without ALLOCATOR_ENV."""
     out: dict[str, Any] = {"shape": list(shape)}

@@ -11,7 +11,7 @@ import operator
 import torch
 from torch import Tensor
 
-from posenc.encoding import LAYOUTS, SCHEDULES, _check_base, _check_choice, _check_d_model, _omega
+from posenc.encoding import LAYOUTS, SCHEDULES, _check_base, _check_choice, _check_d_model, _omega, _round_once
 
 
 def _pair_channels(d_model: int, layout: str, schedule: str) -> tuple[Tensor, Tensor, int | None]:
@@ -112,4 +112,4 @@ def offset_matrix(
     matrix[..., cos_idx, cos_idx] = cos
     if unpaired is not None:
         matrix[..., unpaired, unpaired] = 1.0
-    return matrix.to(dtype)
+    return _round_once(matrix, dtype)

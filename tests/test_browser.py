@@ -3,8 +3,9 @@
 The built HTML (``POSENC_BOOK_HTML``, default ``_build/html``) is served on 127.0.0.1 and opened in Debian's
 Chromium through Playwright. Each page is visited once; what the visit saw is then checked page by page: it
 loads, every request succeeds and stays on localhost, the console has no error, the math is typeset, every image
-loads, every internal link (and its #fragment) resolves, no exporter directive shows in the code, and notebook
-pages offer their ``.ipynb``. Then the search page finds a word of the body text and the API page documents
+loads, every internal link (and its #fragment) resolves, display equations are labelled, no exporter directive
+shows in the code, and notebook pages (the chapters) offer their ``.ipynb``, open with their claim and end with
+a summary naming ``tests/``. Then the search page finds a word of the body text and the API page documents
 ``PositionalEncoding`` with each of its parameters.
 
 Without Chromium or a built book these tests skip, saying why; with ``CI`` set they fail instead (``.ci/run``
@@ -91,12 +92,20 @@ COLLECT = r"""async () => {
   for (const m of text.matchAll(pattern)) {
     rawTex.push(text.slice(Math.max(0, m.index - 30), m.index + m[0].length + 30).replace(/\s+/g, ' '));
   }
+  const unlabelled = Array.from(document.querySelectorAll('div.math')).filter(m => !m.querySelector('.eqno'))
+    .map(m => m.textContent.slice(0, 80));
+  const article = document.querySelector('article') || document.body;
+  const h1 = article.querySelector('h1');
+  const firstParagraph = h1 ? (h1.closest('section').querySelector(':scope > p') || {innerText: ''}).innerText : '';
+  const h2s = Array.from(article.querySelectorAll('section > h2'));
+  const lastSection = h2s.length ? h2s[h2s.length - 1].closest('section') : null;
   const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.href);
   const downloads = Array.from(document.querySelectorAll('a.btn-download-source-button')).map(a => a.href);
   const code = Array.from(document.querySelectorAll('pre')).map(p => p.textContent);
-  const article = document.querySelector('article') || document.body;
-  return {images, mathCount: maths.length, untypeset, mathErrors, rawTex, links, downloads, code,
-          text: article.innerText};
+  return {images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, links, downloads, code,
+          text: article.innerText, firstParagraph,
+          lastHeading: lastSection ? h2s[h2s.length - 1].innerText : '',
+          lastSectionText: lastSection ? lastSection.innerText : ''};
 }"""
 
 
@@ -229,6 +238,22 @@ def test_math_is_typeset(visit: Callable[..., Visit], docname: str) -> None:
     assert not dom["untypeset"], f"{docname}: math left untypeset by MathJax: {dom['untypeset']}"
     assert not dom["mathErrors"], f"{docname}: MathJax could not parse: {dom['mathErrors']}"
     assert not dom["rawTex"], f"{docname}: raw TeX shows as text: {dom['rawTex']}"
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_display_equations_are_labelled(visit: Callable[..., Visit], docname: str) -> None:
+    unlabelled = visit(html_path(docname)).dom["unlabelled"]
+    assert not unlabelled, f"{docname}: display equations without a label (write $$ ... $$ (eq-name)): {unlabelled}"
+
+
+@pytest.mark.parametrize("docname", NOTEBOOK_PAGES)
+def test_chapter_opens_with_claim_and_ends_with_summary(visit: Callable[..., Visit], docname: str) -> None:
+    dom = visit(html_path(docname)).dom
+    assert dom["firstParagraph"].startswith("Claim."), (
+        f"{docname} does not open with its claim: {dom['firstParagraph']!r}"
+    )
+    assert dom["lastHeading"].rstrip("#").strip() == "Summary", f"{docname} ends with {dom['lastHeading']!r}"
+    assert "tests/" in dom["lastSectionText"], f"{docname}'s summary does not say where tests/ checks it"
 
 
 @pytest.mark.parametrize("docname", PAGES)

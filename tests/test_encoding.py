@@ -106,7 +106,11 @@ def test_device_argument() -> None:
         (lambda: sinusoidal_encoding(4, 8, dtype=torch.int64), TypeError, ["dtype", "torch.int64"]),
         (lambda: sinusoidal_encoding(-1, 8), ValueError, ["positions", "-1"]),
         (lambda: sinusoidal_encoding(4.0, 8), TypeError, ["positions", "float"]),
-        (lambda: sinusoidal_encoding(torch.tensor([0.0, 1.0]), 8), TypeError, ["positions", "torch.float32", ".long()"]),
+        (
+            lambda: sinusoidal_encoding(torch.tensor([0.0, 1.0]), 8),
+            TypeError,
+            ["positions", "torch.float32", ".long()"],
+        ),
         (lambda: sinusoidal_encoding(torch.tensor([True]), 8), TypeError, ["positions", "torch.bool"]),
         (lambda: sinusoidal_encoding(torch.tensor([3, -2]), 8), ValueError, ["positions", "-2"]),
         (lambda: sinusoidal_encoding(4, 8, layout="sincos"), ValueError, ["layout", "'sincos'", "'concat'"]),

@@ -48,7 +48,9 @@ def _edit_first_cell(path: Path, marker: str, edit: Callable[[str], str]) -> Non
 
 def test_drift_is_detected_when_an_exported_cell_changes(copy_of_repo: Path) -> None:
     notebook = copy_of_repo / "book" / "01_derivation.ipynb"
-    _edit_first_cell(notebook, "def frequencies(", lambda s: s.replace("n_pairs = (d_model + 1) // 2", "n_pairs = d_model // 2"))
+    _edit_first_cell(
+        notebook, "def frequencies(", lambda s: s.replace("n_pairs = (d_model + 1) // 2", "n_pairs = d_model // 2")
+    )
     drift = nbexport.drift(copy_of_repo)
     assert any(line.startswith("+    n_pairs = d_model // 2") for line in drift), drift[:20]
     # and the --check command fails on it, showing the diff

@@ -39,9 +39,11 @@ def test_metadata_is_clean_and_cells_ran_in_order(path: Path) -> None:
         if cell["cell_type"] == "code":
             counts.append(cell["execution_count"])
             for output in cell["outputs"]:
-                assert not (output["output_type"] == "stream" and output["name"] == "stderr" and "Warning" in "".join(output["text"])), (
-                    f"{path.name}: a warning in the stored output; fix its cause"
-                )
+                assert not (
+                    output["output_type"] == "stream"
+                    and output["name"] == "stderr"
+                    and "Warning" in "".join(output["text"])
+                ), f"{path.name}: a warning in the stored output; fix its cause"
     assert counts == list(range(1, len(counts) + 1)), f"{path.name}: not executed top to bottom; run `make notebooks`"
 
 
@@ -50,7 +52,9 @@ def test_ignored_outputs_say_why(path: Path) -> None:
     for cell in json.loads(path.read_text())["cells"]:
         tags = cell.get("metadata", {}).get("tags", [])
         if "nbval-ignore-output" in tags:
-            assert "#" in "".join(cell["source"]), f"{path.name}: a cell whose output is ignored must say why in a comment"
+            assert "#" in "".join(cell["source"]), (
+                f"{path.name}: a cell whose output is ignored must say why in a comment"
+            )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)

@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_public_api() -> None:
     assert sorted(posenc.__all__) == sorted(
-        name for name in dir(posenc) if not name.startswith("_") and name not in {"encoding", "module", "offsets"}
+        name
+        for name in dir(posenc)
+        if not name.startswith("_")
+        and name not in {"encoding", "module", "offsets"}
         and not isinstance(getattr(posenc, name), type(posenc))
     )
     for name in posenc.__all__:
@@ -37,7 +40,10 @@ def test_wheel_installs_into_a_clean_venv_and_imports(tmp_path: Path) -> None:
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
     site = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     # Install the wheel by pip (from this environment) into the clean venv's site-packages, nothing else.
     subprocess.run(

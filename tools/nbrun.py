@@ -36,11 +36,29 @@ def clean(nb: nbformat.NotebookNode) -> None:
         if cell.cell_type == "code":
             count += 1
             cell.execution_count = count
+            cell.outputs = _coalesce_streams(cell.outputs)
             for output in cell.outputs:
                 if "execution_count" in output:
                     output.execution_count = count
                 if "metadata" in output:
                     output.metadata = nbformat.from_dict({})
+
+
+def _coalesce_streams(outputs: list) -> list:
+    """Merge consecutive stdout (or stderr) chunks: how the kernel splits a stream depends on timing."""
+    merged: list = []
+    for output in outputs:
+        previous = merged[-1] if merged else None
+        if (
+            output.get("output_type") == "stream"
+            and previous is not None
+            and previous.get("output_type") == "stream"
+            and previous.get("name") == output.get("name")
+        ):
+            previous["text"] = "".join(previous["text"]) + "".join(output["text"])
+        else:
+            merged.append(output)
+    return merged
 
 
 def run(path: Path) -> None:
