@@ -1,15 +1,14 @@
 """Benchmark ``posenc.PositionalEncoding`` against the classic table-and-slice recipes and the memory roofline.
 
-    python benchmarks/bench.py                       # full sizes, CPU (and CUDA when available) -> results/*.json
+    python benchmarks/bench.py                       # full sizes, CPU (and CUDA if available) -> results/*.json
     python benchmarks/bench.py --device cuda         # CUDA only (what `make gpu-check` runs)
     python benchmarks/bench.py --size small --out -  # a quick run, JSON on stdout
 
-Method. Each shape ``(seq_len, batch, d_model)`` is timed with ``torch.utils.benchmark`` for every variant, the
-variants interleaved within a round (their order rotated from round to round), for several rounds. The figure of
-merit is the ratio ``roofline time / variant time`` taken within each round (so a slow moment on a shared machine
-hits both sides) and reported as the median over the rounds, with its spread; within a round each variant's time
-is its fastest block of repeated calls (other processes on a shared machine only ever add time). Higher is better;
-1.0 is the roofline.
+Method. Each shape ``(seq_len, batch, d_model)`` is timed with ``torch.utils.benchmark`` in short rounds: a round
+times one block of each variant (as many calls as take about 2 ms), the variants' order rotated from round to
+round, and rounds repeat for a few seconds. The figure of merit is the ratio ``roofline time / variant time`` taken
+within each round, so a burst of load from another process hits both sides, reported as the median over the rounds
+with its quartiles. Higher is better; 1.0 is the roofline.
 
 - eval mode (under ``torch.no_grad()``): the roofline is ``torch.add(x, 1.0)``: one read of x and one write of the
   output, the least any ``x + PE`` can move. A method that reads a table also reads its rows; ``add_rows``
@@ -190,19 +189,29 @@ def time_shape(
     device: torch.device,
     mode: str,
     *,
-    rounds: int,
-    min_run_time: float,
-    threads: int,
+    seconds: float = 6.0,
+    block_s: float = 0.002,
+    max_rounds: int = 400,
+    min_rounds: int = 15,
+    threads: int = 1,
     compiled: bool = False,
 ) -> dict[str, Any]:
-    """Time every variant of one shape over ``rounds`` interleaved rounds; medians of per-round ratios."""
+    """Time every variant of one shape in short interleaved rounds; report medians of per-round ratios.
+
+    A round times one block of each variant, in an order rotated from round to round; a block is as many calls as
+    take about ``block_s`` (at least one). Rounds are short, so a burst of load from another process hits the
+    variants of a round alike, and the per-round ratio cancels it. Rounds repeat until ``seconds`` have passed
+    (at least ``min_rounds``, at most ``max_rounds``).
+    """
     variants, moved = make_variants(shape, device, mode, compiled=compiled)
     grad = torch.enable_grad() if mode == "train" else torch.no_grad()
     names = list(variants)
+    timers = {n: benchmark.Timer("f()", globals={"f": variants[n]}, num_threads=threads) for n in names}
     times: dict[str, list[float]] = {name: [] for name in names}
+    calls: dict[str, int] = {}
     compile_s: dict[str, float] = {}
     with grad:
-        for name in names:  # warm up: lazy initialisation, table caches, compilation
+        for name in names:  # warm up (lazy initialisation, table caches, compilation), then size the blocks
             start = time.perf_counter()
             for _ in range(3):
                 variants[name]()
@@ -210,25 +219,35 @@ def time_shape(
                 torch.cuda.synchronize()
             if name in ("posenc_compiled", "on_the_fly_fused"):
                 compile_s[name] = round(time.perf_counter() - start, 1)
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for name in order:
-                timer = benchmark.Timer("f()", globals={"f": variants[name]}, num_threads=threads)
-                # the fastest block of the round: other processes on a shared machine only ever add time
-                times[name].append(min(timer.blocked_autorange(min_run_time=min_run_time).times))
+            single = timers[name].timeit(max(1, min(100, int(block_s / max(timers[name].timeit(1).mean, 1e-7))))).mean
+            calls[name] = max(1, round(block_s / single))
+        start = time.perf_counter()
+        rounds = 0
+        while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < seconds):
+            shift = rounds % len(names)
+            for name in names[shift:] + names[:shift]:
+                times[name].append(timers[name].timeit(calls[name]).mean)
+            rounds += 1
     ratios = {name: [roof / t for roof, t in zip(times["roofline"], times[name])] for name in names}
-    speedups = {
-        name: statistics.median(c / p for c, p in zip(times[name], times["posenc"])) for name in CLASSICS
-    }  # classic time / posenc time, paired by round
+    speedups = {name: [c / p for c, p in zip(times[name], times["posenc"])] for name in CLASSICS}
+
+    def quartiles(values: list[float]) -> list[float]:
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        return [round(q1, 3), round(q3, 3)]
+
     result: dict[str, Any] = {
         "device": device.type,
         "mode": mode,
         "shape": list(shape),
         "dtype": "float32",
+        "rounds": rounds,
+        "calls_per_block": calls,
         "median_us": {n: round(statistics.median(t) * 1e6, 2) for n, t in times.items()},  # median over rounds
-        "ratio": {n: round(statistics.median(r), 3) for n, r in ratios.items()},
-        "ratio_range": {n: [round(min(r), 3), round(max(r), 3)] for n, r in ratios.items()},
-        "posenc_speedup_over": {n: round(s, 3) for n, s in speedups.items()},
+        "ratio": {n: round(statistics.median(r), 3) for n, r in ratios.items()},  # roofline time / variant time
+        "ratio_quartiles": {n: quartiles(r) for n, r in ratios.items()},
+        # classic time / posenc time, paired by round
+        "posenc_speedup_over": {n: round(statistics.median(s), 3) for n, s in speedups.items()},
+        "posenc_speedup_quartiles": {n: quartiles(s) for n, s in speedups.items()},
         "gb_per_s": {n: round(moved[n] / statistics.median(times[n]) / 1e9, 1) for n in names if n in moved},
     }
     if compile_s:
@@ -292,8 +311,8 @@ def run(
     size: str = "full",
     modes: tuple[str, ...] = ("eval", "train"),
     *,
-    rounds: int = 7,
-    min_run_time: float = 0.1,
+    seconds: float = 6.0,
+    block_s: float = 0.002,
     threads: int | None = None,
     compiled: bool | None = None,
     budget_s: float | None = None,
@@ -305,8 +324,8 @@ def run(
         device: ``"cpu"`` or ``"cuda"``.
         size: ``"full"`` (the issue's shapes) or ``"small"``.
         modes: ``"eval"`` and/or ``"train"``.
-        rounds: interleaved rounds per shape; ratios are medians over rounds.
-        min_run_time: seconds per variant per round (``blocked_autorange``).
+        seconds: time spent on the interleaved rounds of each shape; ratios are medians over rounds.
+        block_s: duration of one block (one variant's share of a round).
         threads: intra-op threads while timing; default 1 on CPU (robust on a shared machine), ignored on CUDA.
         compiled: also time ``torch.compile`` variants; default: on CUDA only (CPU compiles take minutes).
         budget_s: stop starting new shapes after this many seconds (the shapes done are kept).
@@ -327,9 +346,7 @@ def run(
             if budget_s is not None and time.perf_counter() - start > budget_s:
                 skipped.append({"mode": mode, "shape": list(shape), "reason": f"time budget of {budget_s:.0f} s spent"})
                 continue
-            res = time_shape(
-                shape, dev, mode, rounds=rounds, min_run_time=min_run_time, threads=threads, compiled=compiled
-            )
+            res = time_shape(shape, dev, mode, seconds=seconds, block_s=block_s, threads=threads, compiled=compiled)
             res["limit"] = limit
             results.append(res)
             log(
@@ -346,8 +363,8 @@ def run(
         "config": {
             "size": size,
             "modes": list(modes),
-            "rounds": rounds,
-            "min_run_time_s": min_run_time,
+            "seconds_per_shape": seconds,
+            "block_s": block_s,
             "threads": threads if dev.type == "cpu" else None,
             "compiled": compiled,
             "dropout": DROPOUT,
@@ -367,7 +384,7 @@ def latest_results(device: str, directory: Path = RESULTS) -> dict[str, Any] | N
     return json.loads(files[-1].read_text()) if files else None
 
 
-def allocator_effect(shape: tuple[int, int, int] = (2048, 8, 512), rounds: int = 5) -> dict[str, Any]:
+def allocator_effect(shape: tuple[int, int, int] = (2048, 8, 512), seconds: float = 4.0) -> dict[str, Any]:
     """Roofline and posenc times at ``shape`` (eval, CPU) in two child processes, with and without ALLOCATOR_ENV."""
     out: dict[str, Any] = {"shape": list(shape)}
     for label, keep in (("with_allocator_env", True), ("without_allocator_env", False)):
@@ -376,8 +393,8 @@ def allocator_effect(shape: tuple[int, int, int] = (2048, 8, 512), rounds: int =
             env.update(ALLOCATOR_ENV)
         code = (
             "import json, sys; sys.path.insert(0, sys.argv[1]); import torch; from benchmarks.bench import time_shape; "
-            f"r = time_shape({tuple(shape)}, torch.device('cpu'), 'eval', rounds={rounds}, "
-            "min_run_time=0.1, threads=1); print(json.dumps(r['median_us']))"
+            f"r = time_shape({tuple(shape)}, torch.device('cpu'), 'eval', seconds={seconds}); "
+            "print(json.dumps(r['median_us']))"
         )
         proc = subprocess.run(
             [sys.executable, "-c", code, str(ROOT)], env=env, capture_output=True, text=True, check=True, timeout=600
@@ -396,14 +413,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--size", choices=("full", "small"), default="full")
     parser.add_argument("--modes", default="eval,train", help="comma-separated: eval, train")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--min-run-time", type=float, default=0.1, help="seconds per variant per round")
+    parser.add_argument("--seconds", type=float, default=6.0, help="seconds of interleaved rounds per shape")
+    parser.add_argument("--block-ms", type=float, default=2.0, help="duration of one variant's block in a round")
     parser.add_argument("--threads", type=int, default=None, help="CPU intra-op threads while timing (default 1)")
     parser.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=None,
                         help="time the torch.compile variants (default: on CUDA only)")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=None, help="stop starting new shapes after this time")
     parser.add_argument(
-        "--out", default=None, help="results file, '-' for stdout; default: results/<device>-<date>.json"
+        "--out", default=None, help="results file, '-' for stdout; default: results/{cpu,gpu}-<date>.json"
     )
     parser.add_argument("--no-allocator-env", action="store_true", help="do not re-run with ALLOCATOR_ENV set")
     parser.add_argument("--no-allocator-effect", action="store_true", help="skip the with/without allocator run")
@@ -418,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     for device in devices:
         report = run(
-            device, args.size, modes, rounds=args.rounds, min_run_time=args.min_run_time,
+            device, args.size, modes, seconds=args.seconds, block_s=args.block_ms / 1000,
             threads=args.threads, compiled=args.compiled, budget_s=args.budget_s,
         )  # fmt: skip
         if device == "cpu" and args.size == "full" and not args.no_allocator_effect:
@@ -427,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out == "-":
             print(text)
             continue
-        path = Path(args.out) if args.out and len(devices) == 1 else RESULTS / f"{device}-{report['date']}.json"
+        prefix = "gpu" if device == "cuda" else "cpu"
+        path = Path(args.out) if args.out and len(devices) == 1 else RESULTS / f"{prefix}-{report['date']}.json"
         if args.size != "full" and not args.out:
             path = path.with_name(path.stem + "-small.json")
         path.parent.mkdir(parents=True, exist_ok=True)

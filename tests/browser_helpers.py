@@ -81,7 +81,8 @@ def browser_missing_reason() -> str | None:
     except ImportError:
         return "Playwright is not installed (it is pinned in requirements.txt)"
     if chromium_path() is None:
-        return "Chromium not found at /usr/bin/chromium (apt-get install -y chromium, or set POSENC_CHROMIUM)"
+        where = os.environ.get("POSENC_CHROMIUM") or "/usr/bin/chromium"
+        return f"Chromium not found at {where} (apt-get install -y chromium, or set POSENC_CHROMIUM)"
     return None
 
 

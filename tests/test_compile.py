@@ -106,7 +106,7 @@ def test_inductor_past_max_len_matches_eager_within_derived_tolerance():
     torch._dynamo.reset()
     module = PositionalEncoding(24, max_len=8).eval()
     compiled = torch.compile(module, fullgraph=True, dynamic=True)
-    for dtype in (torch.float32, torch.float64):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):  # bfloat16: rounded once inside the graph too
         for seq_len in (40, 90):
             x = torch.randn(seq_len, 2, 24, dtype=dtype)
             torch.testing.assert_close(compiled(x), module(x), **tolerance(dtype, max_angle=seq_len))
@@ -162,3 +162,13 @@ def test_export_with_explicit_positions_and_an_offset():
     # an int offset is a Python constant to export: the program keeps the offset it was exported with
     program = torch.export.export(module, (x,), {"offset": 7})
     torch.testing.assert_close(program.module()(x, offset=7), module(x, offset=7), **tolerance(torch.float32, 100))
+
+
+def test_strict_export_matches_eager():
+    model = TinyModel().eval()
+    seq = torch.export.Dim("seq", min=2, max=4096)
+    tokens = torch.randint(0, 50, (6, 2))
+    program = torch.export.export(model, (tokens,), dynamic_shapes={"tokens": {0: seq}}, strict=True)
+    assert model.pe._tables == {} and len(program.constants) == 0
+    tokens = torch.randint(0, 50, (100, 2))
+    torch.testing.assert_close(program.module()(tokens), model(tokens), **tolerance(torch.float32, max_angle=100))

@@ -87,7 +87,7 @@ def run_tests() -> dict[str, object]:
 
 def run_benchmark(out: Path) -> dict[str, object]:
     command = [sys.executable, "benchmarks/bench.py", "--device", "cuda", "--out", str(out)]
-    command += ["--rounds", "5", "--min-run-time", "0.05", "--budget-s", str(BENCH_BUDGET_S)]
+    command += ["--seconds", "3", "--block-ms", "1", "--budget-s", str(BENCH_BUDGET_S)]
     start = time.perf_counter()
     try:
         proc = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)

@@ -25,9 +25,9 @@ from tests.browser_helpers import (  # noqa: E402 (the repository root is put on
     PHONE,
     WAIT_FOR_MATHJAX,
     book_html_dir,
+    browser_missing_reason,
     html_path,
     launch_chromium,
-    missing_reason,
     serve,
     toc_pages,
 )
@@ -81,7 +81,10 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     book = (args.book or book_html_dir()).resolve()
-    if args.book is None and (reason := missing_reason()):
+    reason = browser_missing_reason()
+    if not (book / "index.html").is_file():
+        reason = f"no built book at {book} (run `make book`, or pass --book)"
+    if reason:
         print(f"cannot take screenshots: {reason}", file=sys.stderr)
         return 2
     docnames = args.pages or toc_pages()
