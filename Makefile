@@ -37,7 +37,9 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -x -q tests
 
+# Export first: the notebooks import posenc, which must be what their exported cells say.
 notebooks: $(STAMP)
+	$(PY) tools/nbexport.py
 	$(PY) tools/nbrun.py $(NB)
 
 export: $(STAMP)

@@ -37,9 +37,14 @@ def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
 
 
 def _check_max_len(max_len: object) -> int:
-    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral) or max_len < 1:
+    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral):
+        raise TypeError(
+            f"max_len must be a positive int (the number of cached positions), got {max_len!r} "
+            f"of type {type(max_len).__name__}; pass e.g. max_len=5000"
+        )
+    if max_len < 1:
         raise ValueError(
-            f"max_len must be a positive int (the number of cached positions), got {max_len!r}; pass e.g. max_len=5000"
+            f"max_len must be a positive int (the number of cached positions), got {max_len}; pass e.g. max_len=5000"
         )
     return int(max_len)
 
@@ -111,6 +116,17 @@ class PositionalEncoding(nn.Module):
             f"layout={self.layout!r}, frequencies={self.frequencies!r}"
         )
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The cache is derived data: pickles (torch.save(model), copy.deepcopy, multiprocessing) never carry it,
+        # so they stay small and a load with map_location cannot leave a table under a stale (device, dtype) key.
+        state = super().__getstate__()
+        state["_tables"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._tables = {}  # also empties the cache of pickles written by older versions
+
     def encoding(
         self, positions: int | Tensor, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
     ) -> Tensor:
@@ -181,6 +197,11 @@ class PositionalEncoding(nn.Module):
             else:
                 pe = self._rows_on_the_fly(x, offset, end)
         else:
+            if offset.__class__ is not int or offset != 0:
+                raise ValueError(
+                    f"pass either offset or positions, not both (got offset={offset!r}): positions already give "
+                    "every token's position; add the offset to them instead (positions + offset)"
+                )
             pe = self._explicit(positions, x, seq_len)
         out = x + pe
         if self.training and self.dropout.p > 0:

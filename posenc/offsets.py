@@ -11,12 +11,25 @@ import operator
 import torch
 from torch import Tensor
 
-from posenc.encoding import LAYOUTS, SCHEDULES, _check_base, _check_choice, _check_d_model, _omega, _round_once
+from posenc.encoding import (
+    LAYOUTS,
+    SCHEDULES,
+    _check_base,
+    _check_choice,
+    _check_d_model,
+    _omega,
+    _round_once,
+)
 
 
-def _pair_channels(d_model: int, layout: str, schedule: str) -> tuple[Tensor, Tensor, int | None]:
-    """Where each pair lives: channel indices of the ``d_model // 2`` paired sines and cosines (each of shape
-    ``[d_model // 2]``), and the index of the unpaired channel for odd ``d_model`` (else ``None``)."""
+def _pair_channels(
+    d_model: int,
+    layout: str,
+    schedule: str,
+) -> tuple[Tensor, Tensor, int | None]:
+    """Where each pair lives: channel indices of the ``d_model // 2`` paired sines
+    and cosines (each of shape ``[d_model // 2]``), and the index of the unpaired
+    channel for odd ``d_model`` (else ``None``)."""
     m = d_model // 2
     i = torch.arange(m)
     if layout == "interleaved":
@@ -41,49 +54,64 @@ def offset_matrix(
     layout: str = "interleaved",
     frequencies: str = "paper",
 ) -> Tensor:
-    r"""The matrix $M_k$ that moves the encoding by an offset $k$: $PE[p + k] = M_k\,PE[p]$ for every $p$.
+    r"""The matrix $M_k$ that moves the encoding by an offset $k$:
+    $PE[p + k] = M_k\,PE[p]$ for every $p$.
 
-    $M_k$ is block-diagonal with one $2 \times 2$ rotation per sine/cosine pair,
-    $\begin{pmatrix}\cos k\omega_i & \sin k\omega_i \\ -\sin k\omega_i & \cos k\omega_i\end{pmatrix}$ acting on
-    $(\sin p\omega_i, \cos p\omega_i)$, placed at the channels of the chosen ``layout``. It is orthogonal,
-    $M_{-k} = M_k^\top = M_k^{-1}$ and $M_a M_b = M_{a+b}$. With the same ``d_model``, ``base``, ``layout``
-    and ``frequencies``, ``sinusoidal_encoding(p + k, d_model) == offset_matrix(k, d_model) @
-    sinusoidal_encoding(p, d_model)`` (column vectors; for a table of rows use ``table @ M.T``), to float64
-    angle rounding: about ``2**-53 * (p + |k| + |p + k|)``.
+    $M_k$ is block-diagonal with one $2 \times 2$ rotation per sine/cosine pair: with
+    $\theta = k\omega_i$, the block
+    $\begin{pmatrix}\cos\theta & \sin\theta \\ -\sin\theta & \cos\theta\end{pmatrix}$
+    acts on $(\sin p\omega_i, \cos p\omega_i)$, placed at the channels of the
+    chosen ``layout``. It is orthogonal, $M_{-k} = M_k^\top = M_k^{-1}$ and
+    $M_a M_b = M_{a+b}$. With the same ``d_model``, ``base``, ``layout`` and
+    ``frequencies``, ``sinusoidal_encoding(p + k, d_model) ==
+    offset_matrix(k, d_model) @ sinusoidal_encoding(p, d_model)``
+    (column vectors; for a table of rows use ``table @ M.T``), to float64 angle
+    rounding: about ``2**-53 * (p + |k| + |p + k|)``.
 
-    For odd ``d_model`` the unpaired channel, which has no partner to rotate with, gets a 1 on the diagonal,
-    so $M_k$ stays orthogonal and a group. With ``frequencies="paper"`` that channel is
-    $\sin(p\,\omega_{\lfloor d/2 \rfloor})$ and the identity is exact on the paired channels only; on the unpaired
-    one the error is $|\sin((p+k)\omega) - \sin(p\omega)| \le |k|\,\omega$. With
-    ``frequencies="tensor2tensor"`` the unpaired channel is identically zero and the identity is exact everywhere.
+    For odd ``d_model`` the unpaired channel, which has no partner to rotate with,
+    gets a 1 on the diagonal, so $M_k$ stays orthogonal and a group. With
+    ``frequencies="paper"`` that channel is $\sin(p\,\omega_{\lfloor d/2 \rfloor})$
+    and the identity is exact on the paired channels only; on the unpaired one the
+    error is
+    $|\sin((p+k)\omega) - \sin(p\omega)| \le |k|\,\omega$. With
+    ``frequencies="tensor2tensor"`` the unpaired channel is identically zero and the
+    identity is exact everywhere.
 
     Args:
-        offset: the offset $k$ (any sign), an int or an integer tensor of any shape ``[*]``.
+        offset: the offset $k$ (any sign), an int or an integer tensor of any shape
+            ``[*]``.
         d_model: embedding width $d$, a positive int.
         base: the base of the frequency progression, a number > 1.
-        dtype: floating dtype of the result. The angles $k\,\omega_i$ and their sines and cosines are computed
-            in float64 and rounded once.
-        device: device of the result; default: the device of ``offset`` (CPU for an int).
-        layout: ``"interleaved"`` or ``"concat"``, as in :func:`posenc.sinusoidal_encoding`.
-        frequencies: ``"paper"`` or ``"tensor2tensor"``, as in :func:`posenc.sinusoidal_encoding`.
+        dtype: floating dtype of the result. The angles $k\,\omega_i$ and their sines
+            and cosines are computed in float64 and rounded once.
+        device: device of the result; default: the device of ``offset`` (CPU for an
+            int).
+        layout: ``"interleaved"`` or ``"concat"``, as in
+            :func:`posenc.sinusoidal_encoding`.
+        frequencies: ``"paper"`` or ``"tensor2tensor"``, as in
+            :func:`posenc.sinusoidal_encoding`.
 
     Returns:
-        Tensor of shape ``[d_model, d_model]`` for an int offset, ``[*offset.shape, d_model, d_model]`` for a
-        tensor.
+        Tensor of shape ``[d_model, d_model]`` for an int offset,
+        ``[*offset.shape, d_model, d_model]`` for a tensor.
     """
     d_model = _check_d_model(d_model)
     base = _check_base(base)
     _check_choice("layout", layout, LAYOUTS)
     _check_choice("frequencies", frequencies, SCHEDULES)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}; pass e.g. dtype=torch.float64")
+        fix = "pass e.g. dtype=torch.float64"
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}; {fix}")
     if isinstance(offset, Tensor):
-        if offset.is_floating_point() or offset.is_complex() or offset.dtype == torch.bool:
+        not_integer = offset.is_floating_point() or offset.is_complex()
+        if not_integer or offset.dtype == torch.bool:
             raise TypeError(
-                f"offset must be an int or an integer tensor, got a tensor of dtype {offset.dtype}; "
+                "offset must be an int or an integer tensor, "
+                f"got a tensor of dtype {offset.dtype}; "
                 "pass e.g. offset.long() (offsets count positions)"
             )
-        k = offset.to(device=device if device is not None else offset.device, dtype=torch.float64)
+        target = device if device is not None else offset.device
+        k = offset.to(device=target, dtype=torch.float64)
     else:
         try:
             if isinstance(offset, bool):
@@ -91,7 +119,8 @@ def offset_matrix(
             offset = operator.index(offset)
         except TypeError:
             raise TypeError(
-                f"offset must be an int or an integer tensor, got {offset!r} of type {type(offset).__name__}; "
+                "offset must be an int or an integer tensor, "
+                f"got {offset!r} of type {type(offset).__name__}; "
                 "pass e.g. offset=3 or offset=torch.tensor([1, -2])"
             ) from None
         k = torch.tensor(offset, dtype=torch.float64, device=device)
@@ -104,7 +133,8 @@ def offset_matrix(
         idx if idx is None or isinstance(idx, int) else idx.to(k.device)
         for idx in _pair_channels(d_model, layout, frequencies)
     )
-    matrix = torch.zeros(*k.shape, d_model, d_model, dtype=torch.float64, device=k.device)
+    shape = (*k.shape, d_model, d_model)
+    matrix = torch.zeros(shape, dtype=torch.float64, device=k.device)
     # rows: new (sin, cos) of pair i; columns: old (sin, cos) of pair i
     matrix[..., sin_idx, sin_idx] = cos
     matrix[..., sin_idx, cos_idx] = sin

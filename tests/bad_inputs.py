@@ -70,7 +70,7 @@ CASES: list[BadInput] = [
     BadInput("base=nan", lambda: _pe(base=float("nan")), ValueError, "base", "nan"),
     BadInput("base='10000'", lambda: _pe(base="10000"), TypeError, "base", "'10000'"),
     BadInput("max_len=0", lambda: _pe(max_len=0), ValueError, "max_len", "0"),
-    BadInput("max_len=2.5", lambda: _pe(max_len=2.5), ValueError, "max_len", "2.5"),
+    BadInput("max_len=2.5", lambda: _pe(max_len=2.5), TypeError, "max_len", "2.5"),
     BadInput("batch_first='yes'", lambda: _pe(batch_first="yes"), TypeError, "batch_first", "'yes'"),
     BadInput("layout='sincos'", lambda: _pe(layout="sincos"), ValueError, "layout", "'sincos'"),
     BadInput("frequencies='t2t'", lambda: _pe(frequencies="t2t"), ValueError, "frequencies", "'t2t'"),
@@ -131,6 +131,13 @@ CASES: list[BadInput] = [
         "bool",
     ),
     BadInput("positions a list", lambda: _pe()(_x(), positions=[0, 1, 2]), TypeError, "positions", "list"),
+    BadInput(
+        "positions and offset=2 together",
+        lambda: _pe()(_x(), positions=torch.arange(3), offset=2),
+        ValueError,
+        "offset or positions",
+        "offset=2",
+    ),
     BadInput(
         "positions negative", lambda: _pe()(_x(), positions=torch.tensor([-1, 0, 1])), ValueError, "positions", "-1"
     ),

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from posenc import frequencies, sinusoidal_encoding
+from tests.test_precision import round_once as single_rounding
 
 
 def numpy_reference(positions: np.ndarray, d_model: int, base: float = 10000.0) -> np.ndarray:
@@ -46,7 +47,9 @@ def test_frequencies_values_and_shape() -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_dtype_is_the_float64_value_rounded_once(dtype: torch.dtype) -> None:
     exact = sinusoidal_encoding(3000, 64, dtype=torch.float64)
-    assert torch.equal(sinusoidal_encoding(3000, 64, dtype=dtype), exact.to(dtype))
+    # Not exact.to(dtype): torch converts float64 to float16/bfloat16 through float32, rounding twice.
+    expected = torch.from_numpy(single_rounding(exact.numpy(), dtype)).to(dtype)
+    assert torch.equal(sinusoidal_encoding(3000, 64, dtype=dtype), expected)
 
 
 def test_shapes_of_positions() -> None:

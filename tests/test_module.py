@@ -9,6 +9,7 @@ from torch import nn
 
 from posenc import PositionalEncoding, get_positional_encoding, sinusoidal_encoding
 from tests.classic import LabmlPositionalEncoding, SpotpythonPositionalEncoding, labml_get_positional_encoding
+from tests.test_precision import round_once as single_rounding
 
 
 @pytest.fixture(autouse=True)
@@ -114,11 +115,13 @@ def test_explicit_positions_shared_and_per_sequence() -> None:
     assert torch.equal(module(x, positions=torch.arange(5)), module(x)), "arange positions == default"
 
 
-def test_positions_override_offset_and_may_exceed_max_len() -> None:
+def test_positions_may_exceed_max_len_and_exclude_offset() -> None:
     module = PositionalEncoding(8, max_len=4)
     x = torch.zeros(3, 1, 8)
     positions = torch.tensor([100, 200, 10**6])
-    assert torch.equal(module(x, positions=positions, offset=7), sinusoidal_encoding(positions, 8).unsqueeze(1))
+    assert torch.equal(module(x, positions=positions), sinusoidal_encoding(positions, 8).unsqueeze(1))
+    with pytest.raises(ValueError, match=r"either offset or positions, not both \(got offset=7\)"):
+        module(x, positions=positions, offset=7)
 
 
 # --- dtypes, devices, dropout ---------------------------------------------------------------------------------
@@ -130,8 +133,10 @@ def test_output_follows_x_dtype_with_the_float64_value_rounded_once(dtype: torch
     x = torch.zeros(300, 2, 64, dtype=dtype)  # beyond max_len too
     out = module(x)
     assert out.dtype == dtype and out.shape == x.shape
-    exact = sinusoidal_encoding(300, 64, dtype=torch.float64)
-    assert torch.equal(out[:, 0], exact.to(dtype)), "angles never formed in half precision"
+    exact = sinusoidal_encoding(300, 64, dtype=torch.float64).numpy()
+    # single_rounding: float64 -> dtype in one step (torch's .to goes through float32 for half dtypes)
+    expected = torch.from_numpy(single_rounding(exact, dtype)).to(dtype)
+    assert torch.equal(out[:, 0], expected), "angles never formed in half precision, rounded once"
     assert torch.equal(module(x, offset=2000)[:, 1], sinusoidal_encoding(torch.arange(2000, 2300), 64, dtype=dtype))
 
 
