@@ -55,6 +55,34 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     return value  # type: ignore[return-value]
 
 
+def _check_table_args(
+    d_model: object, base: object, layout: object, frequencies: object, dtype: object
+) -> tuple[int, float]:
+    """The checks shared by everything that builds a table: returns ``(d_model, base)``, validated."""
+    d_model, base = _check_d_model(d_model), _check_base(base)
+    _check_choice("layout", layout, LAYOUTS)
+    _check_choice("frequencies", frequencies, SCHEDULES)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}; pass e.g. dtype=torch.float32")
+    return d_model, base
+
+
+def _check_integer_tensor(name: str, value: Tensor, fix: str) -> None:
+    """Raise a TypeError naming ``name`` unless ``value`` holds integers (bool excluded)."""
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}; {fix}")
+
+
+def _check_int(name: str, value: object, fix: str) -> int:
+    """Return ``value`` as an int (Python, NumPy or 0-d tensor integers), or raise a TypeError naming ``name``."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{name} must be an int or an integer tensor, got {type(value).__name__}; {fix}")
+
+
 def frequencies(
     d_model: int,
     *,
@@ -135,18 +163,9 @@ def sinusoidal_encoding(
     Returns:
         Tensor of shape ``[n, d_model]`` for an int, ``[*positions.shape, d_model]`` for a tensor.
     """
-    d_model = _check_d_model(d_model)
-    base = _check_base(base)
-    _check_choice("layout", layout, LAYOUTS)
-    _check_choice("frequencies", frequencies, SCHEDULES)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}; pass e.g. dtype=torch.float32")
+    d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(positions, Tensor):
-        if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-            raise TypeError(
-                f"positions must be an integer tensor, got dtype {positions.dtype}; "
-                "pass e.g. positions.long() (positions are token indices 0, 1, 2, ...)"
-            )
+        _check_integer_tensor("positions", positions, "pass e.g. positions.long() (token indices 0, 1, 2, ...)")
         # (a value check: skipped under torch.compile and on the meta device, where values are unknown)
         checkable = not torch.compiler.is_compiling() and positions.device.type != "meta"
         if checkable and positions.numel() and bool((positions < 0).any()):
@@ -156,15 +175,7 @@ def sinusoidal_encoding(
             )
         p = positions.to(device=device if device is not None else positions.device, dtype=torch.float64)
     else:
-        try:
-            if isinstance(positions, bool):
-                raise TypeError
-            positions = operator.index(positions)
-        except TypeError:
-            raise TypeError(
-                f"positions must be an int n (for 0..n-1) or an integer tensor, got {type(positions).__name__}; "
-                "pass e.g. positions=128 or positions=torch.arange(128)"
-            ) from None
+        positions = _check_int("positions", positions, "pass e.g. positions=128 or positions=torch.arange(128)")
         if positions < 0:
             raise ValueError(f"positions must be >= 0 when given as a count n, got {positions}")
         p = torch.arange(positions, dtype=torch.float64, device=device)

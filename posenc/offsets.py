@@ -6,17 +6,13 @@ from __future__ import annotations
 
 __all__ = ["offset_matrix"]
 
-import operator
-
 import torch
 from torch import Tensor
 
 from posenc.encoding import (
-    LAYOUTS,
-    SCHEDULES,
-    _check_base,
-    _check_choice,
-    _check_d_model,
+    _check_int,
+    _check_integer_tensor,
+    _check_table_args,
     _omega,
     _round_once,
 )
@@ -95,35 +91,14 @@ def offset_matrix(
         Tensor of shape ``[d_model, d_model]`` for an int offset,
         ``[*offset.shape, d_model, d_model]`` for a tensor.
     """
-    d_model = _check_d_model(d_model)
-    base = _check_base(base)
-    _check_choice("layout", layout, LAYOUTS)
-    _check_choice("frequencies", frequencies, SCHEDULES)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        fix = "pass e.g. dtype=torch.float64"
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}; {fix}")
+    d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(offset, Tensor):
-        not_integer = offset.is_floating_point() or offset.is_complex()
-        if not_integer or offset.dtype == torch.bool:
-            raise TypeError(
-                "offset must be an int or an integer tensor, "
-                f"got a tensor of dtype {offset.dtype}; "
-                "pass e.g. offset.long() (offsets count positions)"
-            )
+        _check_integer_tensor("offset", offset, "pass e.g. offset.long() (offsets count positions)")
         target = device if device is not None else offset.device
         k = offset.to(device=target, dtype=torch.float64)
     else:
-        try:
-            if isinstance(offset, bool):
-                raise TypeError
-            offset = operator.index(offset)
-        except TypeError:
-            raise TypeError(
-                "offset must be an int or an integer tensor, "
-                f"got {offset!r} of type {type(offset).__name__}; "
-                "pass e.g. offset=3 or offset=torch.tensor([1, -2])"
-            ) from None
-        k = torch.tensor(offset, dtype=torch.float64, device=device)
+        fix = "pass e.g. offset=3 or offset=torch.tensor([1, -2])"
+        k = torch.tensor(_check_int("offset", offset, fix), dtype=torch.float64, device=device)
     m = d_model // 2
     omega = _omega(d_model, base, frequencies)[:m].to(k.device)
     # theta[..., i] = k * omega_i, in float64
