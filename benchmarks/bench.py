@@ -93,7 +93,11 @@ def machine(device: str) -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            cpu = next(
+                line.split(":", 1)[1].strip()
+                for line in f
+                if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         pass
     info: dict[str, Any] = {
@@ -114,14 +118,20 @@ def machine(device: str) -> dict[str, Any]:
     return info
 
 
-def _fused_on_the_fly(d_model: int, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+def _fused_on_the_fly(
+    d_model: int, device: torch.device
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x + PE`` with the encoding computed per element inside one fused kernel (float64 angles, no table)."""
     omega = frequencies(d_model).to(device)  # [ceil(d/2)], float64
-    omega_per_channel = omega.repeat_interleave(2)[:d_model]  # channel j has frequency omega_{j // 2}
+    omega_per_channel = omega.repeat_interleave(2)[
+        :d_model
+    ]  # channel j has frequency omega_{j // 2}
     is_sine = torch.arange(d_model, device=device) % 2 == 0
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        p = torch.arange(x.shape[0], device=x.device, dtype=torch.float64).view(-1, 1, 1)
+        p = torch.arange(x.shape[0], device=x.device, dtype=torch.float64).view(
+            -1, 1, 1
+        )
         # angle[p, j] = p * omega_{j // 2}, the same float64 product as sinusoidal_encoding
         angle = p * omega_per_channel
         pe = torch.where(is_sine, torch.sin(angle), torch.cos(angle))
@@ -206,7 +216,10 @@ def time_shape(
     variants, moved = make_variants(shape, device, mode, compiled=compiled)
     grad = torch.enable_grad() if mode == "train" else torch.no_grad()
     names = list(variants)
-    timers = {n: benchmark.Timer("f()", globals={"f": variants[n]}, num_threads=threads) for n in names}
+    timers = {
+        n: benchmark.Timer("f()", globals={"f": variants[n]}, num_threads=threads)
+        for n in names
+    }
     times: dict[str, list[float]] = {name: [] for name in names}
     calls: dict[str, int] = {}
     compile_s: dict[str, float] = {}
@@ -219,17 +232,33 @@ def time_shape(
                 torch.cuda.synchronize()
             if name in ("posenc_compiled", "on_the_fly_fused"):
                 compile_s[name] = round(time.perf_counter() - start, 1)
-            single = timers[name].timeit(max(1, min(100, int(block_s / max(timers[name].timeit(1).mean, 1e-7))))).mean
+            single = (
+                timers[name]
+                .timeit(
+                    max(
+                        1,
+                        min(100, int(block_s / max(timers[name].timeit(1).mean, 1e-7))),
+                    )
+                )
+                .mean
+            )
             calls[name] = max(1, round(block_s / single))
         start = time.perf_counter()
         rounds = 0
-        while rounds < max_rounds and (rounds < min_rounds or time.perf_counter() - start < seconds):
+        while rounds < max_rounds and (
+            rounds < min_rounds or time.perf_counter() - start < seconds
+        ):
             shift = rounds % len(names)
             for name in names[shift:] + names[:shift]:
                 times[name].append(timers[name].timeit(calls[name]).mean)
             rounds += 1
-    ratios = {name: [roof / t for roof, t in zip(times["roofline"], times[name])] for name in names}
-    speedups = {name: [c / p for c, p in zip(times[name], times["posenc"])] for name in CLASSICS}
+    ratios = {
+        name: [roof / t for roof, t in zip(times["roofline"], times[name])]
+        for name in names
+    }
+    speedups = {
+        name: [c / p for c, p in zip(times[name], times["posenc"])] for name in CLASSICS
+    }
 
     def quartiles(values: list[float]) -> list[float]:
         q1, _, q3 = statistics.quantiles(values, n=4)
@@ -242,19 +271,31 @@ def time_shape(
         "dtype": "float32",
         "rounds": rounds,
         "calls_per_block": calls,
-        "median_us": {n: round(statistics.median(t) * 1e6, 2) for n, t in times.items()},  # median over rounds
-        "ratio": {n: round(statistics.median(r), 3) for n, r in ratios.items()},  # roofline time / variant time
+        "median_us": {
+            n: round(statistics.median(t) * 1e6, 2) for n, t in times.items()
+        },  # median over rounds
+        "ratio": {
+            n: round(statistics.median(r), 3) for n, r in ratios.items()
+        },  # roofline time / variant time
         "ratio_quartiles": {n: quartiles(r) for n, r in ratios.items()},
         # classic time / posenc time, paired by round
-        "posenc_speedup_over": {n: round(statistics.median(s), 3) for n, s in speedups.items()},
+        "posenc_speedup_over": {
+            n: round(statistics.median(s), 3) for n, s in speedups.items()
+        },
         "posenc_speedup_quartiles": {n: quartiles(s) for n, s in speedups.items()},
-        "gb_per_s": {n: round(moved[n] / statistics.median(times[n]) / 1e9, 1) for n in names if n in moved},
+        "gb_per_s": {
+            n: round(moved[n] / statistics.median(times[n]) / 1e9, 1)
+            for n in names
+            if n in moved
+        },
     }
     if compile_s:
         result["warmup_with_compile_s"] = compile_s
     if device.type == "cuda":
         copy_bw = result["gb_per_s"]["copy"]
-        result["fraction_of_copy_bandwidth"] = {n: round(bw / copy_bw, 3) for n, bw in result["gb_per_s"].items()}
+        result["fraction_of_copy_bandwidth"] = {
+            n: round(bw / copy_bw, 3) for n, bw in result["gb_per_s"].items()
+        }
     return result
 
 
@@ -281,7 +322,11 @@ def goals(results: list[dict[str, Any]], noise: float = 0.03) -> list[dict[str, 
                 "met": speedup >= 1 - noise,
             }
         )
-        floor = {(2048, 8, 512): 0.9, (4096, 1, 1024): 0.6}.get(shape) if res["device"] == "cpu" else None
+        floor = (
+            {(2048, 8, 512): 0.9, (4096, 1, 1024): 0.6}.get(shape)
+            if res["device"] == "cpu"
+            else None
+        )
         if floor is not None:
             checks.append(
                 {
@@ -334,7 +379,9 @@ def run(
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' requested but torch.cuda.is_available() is False")
+        raise RuntimeError(
+            "device='cuda' requested but torch.cuda.is_available() is False"
+        )
     shapes = FULL_SHAPES if size == "full" else SMALL_SHAPES
     threads = threads or 1
     compiled = dev.type == "cuda" if compiled is None else compiled
@@ -344,9 +391,23 @@ def run(
     for mode in modes:
         for shape, limit in shapes.items():
             if budget_s is not None and time.perf_counter() - start > budget_s:
-                skipped.append({"mode": mode, "shape": list(shape), "reason": f"time budget of {budget_s:.0f} s spent"})
+                skipped.append(
+                    {
+                        "mode": mode,
+                        "shape": list(shape),
+                        "reason": f"time budget of {budget_s:.0f} s spent",
+                    }
+                )
                 continue
-            res = time_shape(shape, dev, mode, seconds=seconds, block_s=block_s, threads=threads, compiled=compiled)
+            res = time_shape(
+                shape,
+                dev,
+                mode,
+                seconds=seconds,
+                block_s=block_s,
+                threads=threads,
+                compiled=compiled,
+            )
             res["limit"] = limit
             results.append(res)
             log(
@@ -370,7 +431,10 @@ def run(
             "dropout": DROPOUT,
             "dtype": "float32",
         },
-        "load_average": {"before": load_before, "after": _load_average()},  # other processes on the machine
+        "load_average": {
+            "before": load_before,
+            "after": _load_average(),
+        },  # other processes on the machine
         "results": results,
         "skipped": skipped,
         "goals": goals(results),
@@ -380,11 +444,15 @@ def run(
 
 def latest_results(device: str, directory: Path = RESULTS) -> dict[str, Any] | None:
     """The most recent full-size results file for ``device`` ("cpu" or "gpu"), or None if there is none."""
-    files = sorted(p for p in directory.glob(f"{device}-*.json") if not p.stem.endswith("-small"))
+    files = sorted(
+        p for p in directory.glob(f"{device}-*.json") if not p.stem.endswith("-small")
+    )
     return json.loads(files[-1].read_text()) if files else None
 
 
-def allocator_effect(shape: tuple[int, int, int] = (2048, 8, 512), seconds: float = 4.0) -> dict[str, Any]:
+def allocator_effect(
+    shape: tuple[int, int, int] = (2048, 8, 512), seconds: float = 4.0
+) -> dict[str, Any]:
     """Roofline and posenc times at ``shape`` (eval, CPU) in two child processes, with and without ALLOCATOR_ENV."""
     out: dict[str, Any] = {"shape": list(shape)}
     for label, keep in (("with_allocator_env", True), ("without_allocator_env", False)):
@@ -397,11 +465,17 @@ def allocator_effect(shape: tuple[int, int, int] = (2048, 8, 512), seconds: floa
             "print(json.dumps(r['median_us']))"
         )
         proc = subprocess.run(
-            [sys.executable, "-c", code, str(ROOT)], env=env, capture_output=True, text=True, check=True, timeout=600
+            [sys.executable, "-c", code, str(ROOT)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
         )
         out[label] = json.loads(proc.stdout.strip().splitlines()[-1])
     out["slowdown_without"] = {
-        n: round(out["without_allocator_env"][n] / out["with_allocator_env"][n], 2) for n in out["with_allocator_env"]
+        n: round(out["without_allocator_env"][n] / out["with_allocator_env"][n], 2)
+        for n in out["with_allocator_env"]
     }
     return out
 
@@ -409,21 +483,56 @@ def allocator_effect(shape: tuple[int, int, int] = (2048, 8, 512), seconds: floa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--device", choices=("cpu", "cuda", "all"), default="all", help="all: cpu, and cuda if available"
+        "--device",
+        choices=("cpu", "cuda", "all"),
+        default="all",
+        help="all: cpu, and cuda if available",
     )
     parser.add_argument("--size", choices=("full", "small"), default="full")
-    parser.add_argument("--modes", default="eval,train", help="comma-separated: eval, train")
-    parser.add_argument("--seconds", type=float, default=6.0, help="seconds of interleaved rounds per shape")
-    parser.add_argument("--block-ms", type=float, default=2.0, help="duration of one variant's block in a round")
-    parser.add_argument("--threads", type=int, default=None, help="CPU intra-op threads while timing (default 1)")
+    parser.add_argument(
+        "--modes", default="eval,train", help="comma-separated: eval, train"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=6.0,
+        help="seconds of interleaved rounds per shape",
+    )
+    parser.add_argument(
+        "--block-ms",
+        type=float,
+        default=2.0,
+        help="duration of one variant's block in a round",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU intra-op threads while timing (default 1)",
+    )
     parser.add_argument("--compiled", action=argparse.BooleanOptionalAction, default=None,
                         help="time the torch.compile variants (default: on CUDA only)")  # fmt: skip
-    parser.add_argument("--budget-s", type=float, default=None, help="stop starting new shapes after this time")
     parser.add_argument(
-        "--out", default=None, help="results file, '-' for stdout; default: results/{cpu,gpu}-<date>.json"
+        "--budget-s",
+        type=float,
+        default=None,
+        help="stop starting new shapes after this time",
     )
-    parser.add_argument("--no-allocator-env", action="store_true", help="do not re-run with ALLOCATOR_ENV set")
-    parser.add_argument("--no-allocator-effect", action="store_true", help="skip the with/without allocator run")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results file, '-' for stdout; default: results/{cpu,gpu}-<date>.json",
+    )
+    parser.add_argument(
+        "--no-allocator-env",
+        action="store_true",
+        help="do not re-run with ALLOCATOR_ENV set",
+    )
+    parser.add_argument(
+        "--no-allocator-effect",
+        action="store_true",
+        help="skip the with/without allocator run",
+    )
     args = parser.parse_args(argv)
 
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
@@ -431,7 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         devices = ["cpu"]
     if "cpu" in devices and not args.no_allocator_env and not allocator_env_active():
         # glibc reads these variables when the process starts: run again with them set.
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ALLOCATOR_ENV})
+        os.execve(
+            sys.executable, [sys.executable, *sys.argv], {**os.environ, **ALLOCATOR_ENV}
+        )
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     for device in devices:
         report = run(
@@ -445,7 +556,11 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
             continue
         prefix = "gpu" if device == "cuda" else "cpu"
-        path = Path(args.out) if args.out and len(devices) == 1 else RESULTS / f"{prefix}-{report['date']}.json"
+        path = (
+            Path(args.out)
+            if args.out and len(devices) == 1
+            else RESULTS / f"{prefix}-{report['date']}.json"
+        )
         if args.size != "full" and not args.out:
             path = path.with_name(path.stem + "-small.json")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,5 +8,11 @@ from posenc.encoding import frequencies, sinusoidal_encoding
 from posenc.module import PositionalEncoding, get_positional_encoding
 from posenc.offsets import offset_matrix
 
-__all__ = ["PositionalEncoding", "frequencies", "get_positional_encoding", "offset_matrix", "sinusoidal_encoding"]
+__all__ = [
+    "PositionalEncoding",
+    "frequencies",
+    "get_positional_encoding",
+    "offset_matrix",
+    "sinusoidal_encoding",
+]
 __version__ = "0.1.0"

@@ -20,7 +20,9 @@ SCHEDULES = ("paper", "tensor2tensor")
 def _check_d_model(d_model: object) -> int:
     """Return `d_model` as an int, or raise naming the argument, the value and the fix."""
     if isinstance(d_model, bool):
-        raise TypeError(f"d_model must be a positive int (the embedding width), got {d_model!r}; pass e.g. d_model=512")
+        raise TypeError(
+            f"d_model must be a positive int (the embedding width), got {d_model!r}; pass e.g. d_model=512"
+        )
     if not isinstance(d_model, int):
         try:
             d_model = operator.index(d_model)  # numpy ints and 0-d integer tensors
@@ -30,7 +32,9 @@ def _check_d_model(d_model: object) -> int:
                 f"of type {type(d_model).__name__}; pass e.g. d_model=512"
             ) from None
     if d_model < 1:
-        raise ValueError(f"d_model must be a positive int (the embedding width), got {d_model}; pass e.g. d_model=512")
+        raise ValueError(
+            f"d_model must be a positive int (the embedding width), got {d_model}; pass e.g. d_model=512"
+        )
     return d_model
 
 
@@ -51,7 +55,9 @@ def _check_base(base: object) -> float:
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     """Return `value` if it is one of `choices`, else raise a ValueError listing them."""
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+        raise ValueError(
+            f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
+        )
     return value  # type: ignore[return-value]
 
 
@@ -63,14 +69,18 @@ def _check_table_args(
     _check_choice("layout", layout, LAYOUTS)
     _check_choice("frequencies", frequencies, SCHEDULES)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}; pass e.g. dtype=torch.float32")
+        raise TypeError(
+            f"dtype must be a floating torch.dtype, got {dtype!r}; pass e.g. dtype=torch.float32"
+        )
     return d_model, base
 
 
 def _check_integer_tensor(name: str, value: Tensor, fix: str) -> None:
     """Raise a TypeError naming ``name`` unless ``value`` holds integers (bool excluded)."""
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}; {fix}")
+        raise TypeError(
+            f"{name} must be an integer tensor, got dtype {value.dtype}; {fix}"
+        )
 
 
 def _check_int(name: str, value: object, fix: str) -> int:
@@ -80,7 +90,9 @@ def _check_int(name: str, value: object, fix: str) -> int:
             return operator.index(value)
         except TypeError:
             pass
-    raise TypeError(f"{name} must be an int or an integer tensor, got {type(value).__name__}; {fix}")
+    raise TypeError(
+        f"{name} must be an int or an integer tensor, got {type(value).__name__}; {fix}"
+    )
 
 
 def frequencies(
@@ -165,19 +177,34 @@ def sinusoidal_encoding(
     """
     d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(positions, Tensor):
-        _check_integer_tensor("positions", positions, "pass e.g. positions.long() (token indices 0, 1, 2, ...)")
+        _check_integer_tensor(
+            "positions",
+            positions,
+            "pass e.g. positions.long() (token indices 0, 1, 2, ...)",
+        )
         # (a value check: skipped under torch.compile and on the meta device, where values are unknown)
-        checkable = not torch.compiler.is_compiling() and positions.device.type != "meta"
+        checkable = (
+            not torch.compiler.is_compiling() and positions.device.type != "meta"
+        )
         if checkable and positions.numel() and bool((positions < 0).any()):
             raise ValueError(
                 f"positions must be >= 0, got a minimum of {int(positions.min())}; "
                 "shift them, e.g. positions - positions.min()"
             )
-        p = positions.to(device=device if device is not None else positions.device, dtype=torch.float64)
+        p = positions.to(
+            device=device if device is not None else positions.device,
+            dtype=torch.float64,
+        )
     else:
-        positions = _check_int("positions", positions, "pass e.g. positions=128 or positions=torch.arange(128)")
+        positions = _check_int(
+            "positions",
+            positions,
+            "pass e.g. positions=128 or positions=torch.arange(128)",
+        )
         if positions < 0:
-            raise ValueError(f"positions must be >= 0 when given as a count n, got {positions}")
+            raise ValueError(
+                f"positions must be >= 0 when given as a count n, got {positions}"
+            )
         p = torch.arange(positions, dtype=torch.float64, device=device)
     omega = _omega(d_model, base, frequencies).to(p.device)
     # angle[..., i] = p * omega_i, in float64
@@ -206,5 +233,9 @@ def _round_once(x: Tensor, dtype: torch.dtype) -> Tensor:
         return x.to(dtype)  # float64 -> float32 (or float64) is a single rounding
     y = x.to(torch.float32)
     # round to odd: step back towards zero where rounding went away from it, then make inexact results odd
-    y = torch.where(y.double().abs() > x.abs(), torch.nextafter(y, torch.zeros_like(y)), y)
-    return torch.where(y.double() != x, (y.view(torch.int32) | 1).view(torch.float32), y).to(dtype)
+    y = torch.where(
+        y.double().abs() > x.abs(), torch.nextafter(y, torch.zeros_like(y)), y
+    )
+    return torch.where(
+        y.double() != x, (y.view(torch.int32) | 1).view(torch.float32), y
+    ).to(dtype)

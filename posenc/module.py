@@ -13,7 +13,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc.encoding import LAYOUTS, SCHEDULES, _check_base, _check_choice, _check_d_model, sinusoidal_encoding
+from posenc.encoding import (
+    LAYOUTS,
+    SCHEDULES,
+    _check_base,
+    _check_choice,
+    _check_d_model,
+    sinusoidal_encoding,
+)
 
 #: state_dict keys under which the classic modules save their table (labml, spotpython / PyTorch tutorial).
 CLASSIC_TABLE_KEYS = ("positional_encodings", "pe")
@@ -55,7 +62,9 @@ def _check_dropout(p: object) -> float:
             f"dropout_prob must be a float in [0, 1], got {p!r} of type {type(p).__name__}; pass e.g. dropout_prob=0.1"
         )
     if not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout_prob must be in [0, 1], got {p}; pass e.g. dropout_prob=0.1 (0 disables dropout)")
+        raise ValueError(
+            f"dropout_prob must be in [0, 1], got {p}; pass e.g. dropout_prob=0.1 (0 disables dropout)"
+        )
     return float(p)
 
 
@@ -128,7 +137,11 @@ class PositionalEncoding(nn.Module):
         self._tables = {}  # also empties the cache of pickles written by older versions
 
     def encoding(
-        self, positions: int | Tensor, *, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+        self,
+        positions: int | Tensor,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
     ) -> Tensor:
         """This module's encoding of ``positions`` (see :func:`posenc.sinusoidal_encoding`).
 
@@ -153,7 +166,9 @@ class PositionalEncoding(nn.Module):
             self._tables[key] = table
         return table
 
-    def forward(self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None
+    ) -> Tensor:
         """Return ``dropout(x + PE)``.
 
         Args:
@@ -170,25 +185,35 @@ class PositionalEncoding(nn.Module):
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 3:
-            layout = "[batch, seq_len, d_model]" if self.batch_first else "[seq_len, batch, d_model]"
+            layout = (
+                "[batch, seq_len, d_model]"
+                if self.batch_first
+                else "[seq_len, batch, d_model]"
+            )
             hint = ""
             if x.dim() == 2:
                 hint = " (add the batch axis: x.unsqueeze(1), or x.unsqueeze(0) with batch_first=True)"
-            raise ValueError(f"x must be 3-D {layout}, got shape {tuple(x.shape)}{hint}")
+            raise ValueError(
+                f"x must be 3-D {layout}, got shape {tuple(x.shape)}{hint}"
+            )
         if x.shape[2] != self.d_model:
             raise ValueError(
                 f"x's last dimension must be d_model={self.d_model}, got shape {tuple(x.shape)}; "
                 f"build PositionalEncoding(d_model={x.shape[2]}) or project x to width {self.d_model}"
             )
         if not x.is_floating_point():
-            raise TypeError(f"x must be a floating tensor (embeddings), got dtype {x.dtype}; convert with x.float()")
+            raise TypeError(
+                f"x must be a floating tensor (embeddings), got dtype {x.dtype}; convert with x.float()"
+            )
         seq_axis = 1 if self.batch_first else 0
         seq_len = x.shape[seq_axis]
         if positions is None:
             if offset.__class__ is not int:
                 offset = _check_offset(offset)
             elif offset < 0:
-                raise ValueError(f"offset must be an int >= 0 (the position of x's first token), got {offset}")
+                raise ValueError(
+                    f"offset must be an int >= 0 (the position of x's first token), got {offset}"
+                )
             end = offset + seq_len
             if torch.compiler.is_compiling():
                 pe = self._compiled_rows(x, offset, end)
@@ -230,13 +255,26 @@ class PositionalEncoding(nn.Module):
         batch = x.shape[0 if self.batch_first else 1]
         # dims compared one by one: comparing whole shapes would tie a symbolic seq_len to batch under export
         shared = positions.dim() == 1 and positions.shape[0] == seq_len
-        if not (shared or (positions.dim() == 2 and positions.shape[0] == batch and positions.shape[1] == seq_len)):
-            order = "x is [batch, seq_len, d_model]" if self.batch_first else "x is [seq_len, batch, d_model]"
+        if not (
+            shared
+            or (
+                positions.dim() == 2
+                and positions.shape[0] == batch
+                and positions.shape[1] == seq_len
+            )
+        ):
+            order = (
+                "x is [batch, seq_len, d_model]"
+                if self.batch_first
+                else "x is [seq_len, batch, d_model]"
+            )
             raise ValueError(
                 f"positions must have shape [seq_len]=({seq_len},) or [batch, seq_len]=({batch}, {seq_len}) "
                 f"({order}, shape {tuple(x.shape)}), got {tuple(positions.shape)}"
             )
-        pe = self.encoding(positions, dtype=x.dtype, device=x.device)  # [S, D] or [B, S, D]
+        pe = self.encoding(
+            positions, dtype=x.dtype, device=x.device
+        )  # [S, D] or [B, S, D]
         if positions.dim() == 1:
             return pe if self.batch_first else pe.unsqueeze(1)
         return pe if self.batch_first else pe.transpose(0, 1)
@@ -260,13 +298,21 @@ class PositionalEncoding(nn.Module):
                     f"this module has d_model={self.d_model}"
                 )
         super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+            state_dict,
+            prefix,
+            local_metadata,
+            strict,
+            missing_keys,
+            unexpected_keys,
+            error_msgs,
         )
 
 
 def _check_offset(offset: object) -> int:
     if isinstance(offset, bool):
-        raise TypeError(f"offset must be an int >= 0 (the position of x's first token), got {offset!r}")
+        raise TypeError(
+            f"offset must be an int >= 0 (the position of x's first token), got {offset!r}"
+        )
     if torch.compiler.is_compiling():
         return offset  # type: ignore[return-value]  # a symbolic int under torch.compile
     try:
@@ -277,7 +323,9 @@ def _check_offset(offset: object) -> int:
             f"got {offset!r} of type {type(offset).__name__}"
         ) from None
     if offset < 0:
-        raise ValueError(f"offset must be an int >= 0 (the position of x's first token), got {offset}")
+        raise ValueError(
+            f"offset must be an int >= 0 (the position of x's first token), got {offset}"
+        )
     return offset
 
 
@@ -286,7 +334,9 @@ _is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compil
 
 
 @torch.compiler.assume_constant_result
-def _build_table_outside_graph(module: PositionalEncoding, device: torch.device, dtype: torch.dtype) -> bool:
+def _build_table_outside_graph(
+    module: PositionalEncoding, device: torch.device, dtype: torch.dtype
+) -> bool:
     """Fill ``module``'s cache for (device, dtype) when torch.compile traces ``forward``, not inside the graph.
 
     Dynamo runs this function eagerly while tracing and keeps only its (constant) result, so the table is

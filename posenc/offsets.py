@@ -93,12 +93,16 @@ def offset_matrix(
     """
     d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(offset, Tensor):
-        _check_integer_tensor("offset", offset, "pass e.g. offset.long() (offsets count positions)")
+        _check_integer_tensor(
+            "offset", offset, "pass e.g. offset.long() (offsets count positions)"
+        )
         target = device if device is not None else offset.device
         k = offset.to(device=target, dtype=torch.float64)
     else:
         fix = "pass e.g. offset=3 or offset=torch.tensor([1, -2])"
-        k = torch.tensor(_check_int("offset", offset, fix), dtype=torch.float64, device=device)
+        k = torch.tensor(
+            _check_int("offset", offset, fix), dtype=torch.float64, device=device
+        )
     m = d_model // 2
     omega = _omega(d_model, base, frequencies)[:m].to(k.device)
     # theta[..., i] = k * omega_i, in float64

@@ -14,7 +14,12 @@ from typing import Optional
 
 import torch
 
-from posenc import PositionalEncoding, frequencies, get_positional_encoding, sinusoidal_encoding
+from posenc import (
+    PositionalEncoding,
+    frequencies,
+    get_positional_encoding,
+    sinusoidal_encoding,
+)
 from tests.classic import SpotpythonPositionalEncoding
 
 
@@ -27,10 +32,14 @@ class BadInput:
     error: type[Exception]
     match: str  # regular expression the message must match: the argument's name
     given: str  # text of the bad value the message must repeat
-    classic: Optional[Callable[[], object]] = None  # the same mistake with the classic module
+    classic: Optional[Callable[[], object]] = (
+        None  # the same mistake with the classic module
+    )
 
 
-def _x(seq_len: int = 3, batch: int = 2, d_model: int = 16, **kwargs: object) -> torch.Tensor:
+def _x(
+    seq_len: int = 3, batch: int = 2, d_model: int = 16, **kwargs: object
+) -> torch.Tensor:
     return torch.zeros(seq_len, batch, d_model, **kwargs)
 
 
@@ -43,16 +52,48 @@ def _classic() -> SpotpythonPositionalEncoding:
 
 
 def _checkpoint_width_32() -> object:
-    return _pe().load_state_dict(SpotpythonPositionalEncoding(32, 0.0, max_len=64).state_dict(), strict=True)
+    return _pe().load_state_dict(
+        SpotpythonPositionalEncoding(32, 0.0, max_len=64).state_dict(), strict=True
+    )
 
 
 CASES: list[BadInput] = [
     # --- constructing the module
-    BadInput("PositionalEncoding(d_model=0)", lambda: PositionalEncoding(0), ValueError, "d_model", "0"),
-    BadInput("PositionalEncoding(d_model=-8)", lambda: PositionalEncoding(-8), ValueError, "d_model", "-8"),
-    BadInput("PositionalEncoding(d_model=16.0)", lambda: PositionalEncoding(16.0), TypeError, "d_model", "16.0"),
-    BadInput("PositionalEncoding(d_model='16')", lambda: PositionalEncoding("16"), TypeError, "d_model", "'16'"),
-    BadInput("PositionalEncoding(d_model=True)", lambda: PositionalEncoding(True), TypeError, "d_model", "True"),
+    BadInput(
+        "PositionalEncoding(d_model=0)",
+        lambda: PositionalEncoding(0),
+        ValueError,
+        "d_model",
+        "0",
+    ),
+    BadInput(
+        "PositionalEncoding(d_model=-8)",
+        lambda: PositionalEncoding(-8),
+        ValueError,
+        "d_model",
+        "-8",
+    ),
+    BadInput(
+        "PositionalEncoding(d_model=16.0)",
+        lambda: PositionalEncoding(16.0),
+        TypeError,
+        "d_model",
+        "16.0",
+    ),
+    BadInput(
+        "PositionalEncoding(d_model='16')",
+        lambda: PositionalEncoding("16"),
+        TypeError,
+        "d_model",
+        "'16'",
+    ),
+    BadInput(
+        "PositionalEncoding(d_model=True)",
+        lambda: PositionalEncoding(True),
+        TypeError,
+        "d_model",
+        "True",
+    ),
     BadInput(
         "dropout_prob=1.5",
         lambda: _pe(dropout_prob=1.5),
@@ -61,9 +102,27 @@ CASES: list[BadInput] = [
         "1.5",
         classic=lambda: SpotpythonPositionalEncoding(16, 1.5),
     ),
-    BadInput("dropout_prob=-0.1", lambda: _pe(dropout_prob=-0.1), ValueError, "dropout_prob", "-0.1"),
-    BadInput("dropout_prob=nan", lambda: _pe(dropout_prob=float("nan")), ValueError, "dropout_prob", "nan"),
-    BadInput("dropout_prob='0.1'", lambda: _pe(dropout_prob="0.1"), TypeError, "dropout_prob", "'0.1'"),
+    BadInput(
+        "dropout_prob=-0.1",
+        lambda: _pe(dropout_prob=-0.1),
+        ValueError,
+        "dropout_prob",
+        "-0.1",
+    ),
+    BadInput(
+        "dropout_prob=nan",
+        lambda: _pe(dropout_prob=float("nan")),
+        ValueError,
+        "dropout_prob",
+        "nan",
+    ),
+    BadInput(
+        "dropout_prob='0.1'",
+        lambda: _pe(dropout_prob="0.1"),
+        TypeError,
+        "dropout_prob",
+        "'0.1'",
+    ),
     BadInput("base=1", lambda: _pe(base=1), ValueError, "base", "1"),
     BadInput("base=0.5", lambda: _pe(base=0.5), ValueError, "base", "0.5"),
     BadInput("base=inf", lambda: _pe(base=float("inf")), ValueError, "base", "inf"),
@@ -71,11 +130,35 @@ CASES: list[BadInput] = [
     BadInput("base='10000'", lambda: _pe(base="10000"), TypeError, "base", "'10000'"),
     BadInput("max_len=0", lambda: _pe(max_len=0), ValueError, "max_len", "0"),
     BadInput("max_len=2.5", lambda: _pe(max_len=2.5), TypeError, "max_len", "2.5"),
-    BadInput("batch_first='yes'", lambda: _pe(batch_first="yes"), TypeError, "batch_first", "'yes'"),
-    BadInput("layout='sincos'", lambda: _pe(layout="sincos"), ValueError, "layout", "'sincos'"),
-    BadInput("frequencies='t2t'", lambda: _pe(frequencies="t2t"), ValueError, "frequencies", "'t2t'"),
+    BadInput(
+        "batch_first='yes'",
+        lambda: _pe(batch_first="yes"),
+        TypeError,
+        "batch_first",
+        "'yes'",
+    ),
+    BadInput(
+        "layout='sincos'",
+        lambda: _pe(layout="sincos"),
+        ValueError,
+        "layout",
+        "'sincos'",
+    ),
+    BadInput(
+        "frequencies='t2t'",
+        lambda: _pe(frequencies="t2t"),
+        ValueError,
+        "frequencies",
+        "'t2t'",
+    ),
     # --- x, the embeddings
-    BadInput("x a list", lambda: _pe()([[0.0] * 16]), TypeError, "x must be a torch.Tensor", "list"),
+    BadInput(
+        "x a list",
+        lambda: _pe()([[0.0] * 16]),
+        TypeError,
+        "x must be a torch.Tensor",
+        "list",
+    ),
     BadInput(
         "x 2-D [seq_len, d_model]",
         lambda: _pe()(torch.zeros(10, 16)),
@@ -108,13 +191,27 @@ CASES: list[BadInput] = [
         "int64",
         classic=lambda: _classic()(_x(dtype=torch.long)),
     ),
-    BadInput("x complex64", lambda: _pe()(_x(dtype=torch.complex64)), TypeError, "floating", "complex64"),
+    BadInput(
+        "x complex64",
+        lambda: _pe()(_x(dtype=torch.complex64)),
+        TypeError,
+        "floating",
+        "complex64",
+    ),
     # --- offset
     BadInput("offset=-1", lambda: _pe()(_x(), offset=-1), ValueError, "offset", "-1"),
-    BadInput("offset=torch.tensor(-1)", lambda: _pe()(_x(), offset=torch.tensor(-1)), ValueError, "offset", "-1"),
+    BadInput(
+        "offset=torch.tensor(-1)",
+        lambda: _pe()(_x(), offset=torch.tensor(-1)),
+        ValueError,
+        "offset",
+        "-1",
+    ),
     BadInput("offset=1.5", lambda: _pe()(_x(), offset=1.5), TypeError, "offset", "1.5"),
     BadInput("offset='3'", lambda: _pe()(_x(), offset="3"), TypeError, "offset", "'3'"),
-    BadInput("offset=True", lambda: _pe()(_x(), offset=True), TypeError, "offset", "True"),
+    BadInput(
+        "offset=True", lambda: _pe()(_x(), offset=True), TypeError, "offset", "True"
+    ),
     # --- positions
     BadInput(
         "positions float",
@@ -130,7 +227,13 @@ CASES: list[BadInput] = [
         "positions",
         "bool",
     ),
-    BadInput("positions a list", lambda: _pe()(_x(), positions=[0, 1, 2]), TypeError, "positions", "list"),
+    BadInput(
+        "positions a list",
+        lambda: _pe()(_x(), positions=[0, 1, 2]),
+        TypeError,
+        "positions",
+        "list",
+    ),
     BadInput(
         "positions and offset=2 together",
         lambda: _pe()(_x(), positions=torch.arange(3), offset=2),
@@ -139,10 +242,18 @@ CASES: list[BadInput] = [
         "offset=2",
     ),
     BadInput(
-        "positions negative", lambda: _pe()(_x(), positions=torch.tensor([-1, 0, 1])), ValueError, "positions", "-1"
+        "positions negative",
+        lambda: _pe()(_x(), positions=torch.tensor([-1, 0, 1])),
+        ValueError,
+        "positions",
+        "-1",
     ),
     BadInput(
-        "positions [seq_len + 1]", lambda: _pe()(_x(), positions=torch.arange(4)), ValueError, "positions", "(4,)"
+        "positions [seq_len + 1]",
+        lambda: _pe()(_x(), positions=torch.arange(4)),
+        ValueError,
+        "positions",
+        "(4,)",
     ),
     BadInput(
         "positions [seq_len, batch] (transposed)",
@@ -166,8 +277,20 @@ CASES: list[BadInput] = [
         "(1, 2, 3)",
     ),
     # --- the functions
-    BadInput("sinusoidal_encoding(-1, 16)", lambda: sinusoidal_encoding(-1, 16), ValueError, "positions", "-1"),
-    BadInput("sinusoidal_encoding(2.5, 16)", lambda: sinusoidal_encoding(2.5, 16), TypeError, "positions", "float"),
+    BadInput(
+        "sinusoidal_encoding(-1, 16)",
+        lambda: sinusoidal_encoding(-1, 16),
+        ValueError,
+        "positions",
+        "-1",
+    ),
+    BadInput(
+        "sinusoidal_encoding(2.5, 16)",
+        lambda: sinusoidal_encoding(2.5, 16),
+        TypeError,
+        "positions",
+        "float",
+    ),
     BadInput(
         "sinusoidal_encoding(4, 16, dtype=torch.int64)",
         lambda: sinusoidal_encoding(4, 16, dtype=torch.int64),
@@ -176,13 +299,27 @@ CASES: list[BadInput] = [
         "torch.int64",
     ),
     BadInput(
-        "frequencies(16, schedule='t2t')", lambda: frequencies(16, schedule="t2t"), ValueError, "schedule", "'t2t'"
+        "frequencies(16, schedule='t2t')",
+        lambda: frequencies(16, schedule="t2t"),
+        ValueError,
+        "schedule",
+        "'t2t'",
     ),
     BadInput(
-        "get_positional_encoding(16, max_len=0)", lambda: get_positional_encoding(16, 0), ValueError, "max_len", "0"
+        "get_positional_encoding(16, max_len=0)",
+        lambda: get_positional_encoding(16, 0),
+        ValueError,
+        "max_len",
+        "0",
     ),
     # --- checkpoints
-    BadInput("classic checkpoint of width 32 into d_model=16", _checkpoint_width_32, RuntimeError, "d_model=16", "32"),
+    BadInput(
+        "classic checkpoint of width 32 into d_model=16",
+        _checkpoint_width_32,
+        RuntimeError,
+        "d_model=16",
+        "32",
+    ),
 ]
 
 

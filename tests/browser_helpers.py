@@ -37,7 +37,9 @@ PHONE = {"width": 390, "height": 844}
 
 def book_html_dir() -> Path:
     """The folder of the built HTML book: ``$POSENC_BOOK_HTML`` or ``_build/html``."""
-    return Path(os.environ.get("POSENC_BOOK_HTML") or ROOT / "_build" / "html").resolve()
+    return Path(
+        os.environ.get("POSENC_BOOK_HTML") or ROOT / "_build" / "html"
+    ).resolve()
 
 
 def chromium_path() -> str | None:
@@ -113,7 +115,9 @@ def serve(directory: Path) -> Iterator[str]:
 
 def launch_chromium(playwright: Any) -> Any:
     """A headless Debian Chromium, with every flag that keeps it from reaching the network on its own."""
-    return playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+    return playwright.chromium.launch(
+        executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True
+    )
 
 
 def is_local(url: str) -> bool:

@@ -34,7 +34,11 @@ class LabmlPositionalEncoding(nn.Module):
     def __init__(self, d_model: int, dropout_prob: float, max_len: int = 5000) -> None:
         super().__init__()
         self.dropout = nn.Dropout(dropout_prob)
-        self.register_buffer("positional_encodings", labml_get_positional_encoding(d_model, max_len), False)
+        self.register_buffer(
+            "positional_encodings",
+            labml_get_positional_encoding(d_model, max_len),
+            False,
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         pe = self.positional_encodings[: x.shape[0]].detach().requires_grad_(False)
@@ -50,7 +54,9 @@ class SpotpythonPositionalEncoding(nn.Module):
         super().__init__()
         self.dropout = nn.Dropout(p=dropout_prob)
         position = torch.arange(max_len).unsqueeze(1)
-        div_term = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        div_term = torch.exp(
+            torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model)
+        )
         pe = torch.zeros(max_len, 1, d_model)
         pe[:, 0, 0::2] = torch.sin(position * div_term)
         pe[:, 0, 1::2] = torch.cos(position * div_term)

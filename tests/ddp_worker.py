@@ -50,11 +50,17 @@ def make_positional(name: str) -> nn.Module:
     if name == "posenc":
         return PositionalEncoding(D_MODEL, 0.1)  # max_len 5000, as labml's default
     if name == "posenc float64, max_len=16":
-        return PositionalEncoding(D_MODEL, 0.1, max_len=16)  # the model is cast to float64 below
+        return PositionalEncoding(
+            D_MODEL, 0.1, max_len=16
+        )  # the model is cast to float64 below
     if name == "labml":
-        return LabmlPositionalEncoding(D_MODEL, 0.1)  # non-persistent buffer, max_len 5000
+        return LabmlPositionalEncoding(
+            D_MODEL, 0.1
+        )  # non-persistent buffer, max_len 5000
     if name == "spotpython":
-        return SpotpythonPositionalEncoding(D_MODEL, 0.1)  # persistent buffer, max_len 12552
+        return SpotpythonPositionalEncoding(
+            D_MODEL, 0.1
+        )  # persistent buffer, max_len 12552
     raise ValueError(f"unknown positional module {name!r}")
 
 
@@ -68,11 +74,15 @@ class TinyLM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, D_MODEL)
         self.positional = positional
-        self.norm = nn.BatchNorm1d(D_MODEL)  # a buffer DDP must broadcast every step, whatever the encoding
+        self.norm = nn.BatchNorm1d(
+            D_MODEL
+        )  # a buffer DDP must broadcast every step, whatever the encoding
         self.head = nn.Linear(D_MODEL, VOCAB)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.positional(self.embed(tokens) * math.sqrt(D_MODEL))  # [seq_len, batch, d_model]
+        h = self.positional(
+            self.embed(tokens) * math.sqrt(D_MODEL)
+        )  # [seq_len, batch, d_model]
         h = self.norm(h.flatten(0, 1)).view_as(h)
         return self.head(h)  # [seq_len, batch, vocab]
 
@@ -93,7 +103,11 @@ class BroadcastMeter:
         def counting(process_group, tensors, buffer_size, src):
             call = {"positional": 0, "other": 0}
             for t in tensors:
-                part = "positional" if t.untyped_storage().data_ptr() in self.positional_storages else "other"
+                part = (
+                    "positional"
+                    if t.untyped_storage().data_ptr() in self.positional_storages
+                    else "other"
+                )
                 call[part] += t.numel() * t.element_size()
             self.calls.append(call)
             return self._original(process_group, tensors, buffer_size, src)
@@ -121,22 +135,36 @@ def train(name: str, rank: int, world_size: int) -> dict[str, object]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.manual_seed(0)  # same initial weights on both ranks (DDP would broadcast rank 0's anyway)
+    torch.manual_seed(
+        0
+    )  # same initial weights on both ranks (DDP would broadcast rank 0's anyway)
     model = TinyLM(make_positional(name))
     if "float64" in name:
-        model = model.double()  # a dtype cast: posenc's cache follows x's dtype, nothing to convert
+        model = (
+            model.double()
+        )  # a dtype cast: posenc's cache follows x's dtype, nothing to convert
     with BroadcastMeter() as meter:
-        meter.positional_storages = {b.untyped_storage().data_ptr() for b in model.positional.buffers()}
-        ddp = DistributedDataParallel(model)  # CPU, gloo; broadcast_buffers=True is the default
+        meter.positional_storages = {
+            b.untyped_storage().data_ptr() for b in model.positional.buffers()
+        }
+        ddp = DistributedDataParallel(
+            model
+        )  # CPU, gloo; broadcast_buffers=True is the default
         construction = meter.take()
-        initial = torch.cat([p.detach().flatten().double() for p in model.parameters()]).clone()
+        initial = torch.cat(
+            [p.detach().flatten().double() for p in model.parameters()]
+        ).clone()
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
-        generator = torch.Generator().manual_seed(100 + rank)  # different data on each rank
+        generator = torch.Generator().manual_seed(
+            100 + rank
+        )  # different data on each rank
         steps = []
         for seq_len in SEQ_LENS[rank]:
             tokens = torch.randint(VOCAB, (seq_len + 1, BATCH), generator=generator)
             logits = ddp(tokens[:-1])
-            loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[1:].flatten())
+            loss = nn.functional.cross_entropy(
+                logits.flatten(0, 1).float(), tokens[1:].flatten()
+            )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -150,15 +178,21 @@ def train(name: str, rank: int, world_size: int) -> dict[str, object]:
         "seq_lens": SEQ_LENS[rank],
         "params_identical": all(torch.equal(g, gathered[0]) for g in gathered),
         "params_changed": not torch.equal(final, initial),
-        "buffer_bytes": sum(b.numel() * b.element_size() for b in model.positional.buffers()),
+        "buffer_bytes": sum(
+            b.numel() * b.element_size() for b in model.positional.buffers()
+        ),
         # a second view of the same fact: the positional bytes among the buffers DDP holds for its per-step sync
         "held_by_ddp": sum(
             b.numel() * b.element_size()
             for b in ddp.modules_buffers
             if b.untyped_storage().data_ptr() in meter.positional_storages
         ),
-        "other_buffer_bytes": sum(b.numel() * b.element_size() for b in model.norm.buffers()),
-        "checkpoint_keys": sorted(k for k in model.state_dict() if k.startswith("positional.")),
+        "other_buffer_bytes": sum(
+            b.numel() * b.element_size() for b in model.norm.buffers()
+        ),
+        "checkpoint_keys": sorted(
+            k for k in model.state_dict() if k.startswith("positional.")
+        ),
     }
 
 
@@ -166,8 +200,16 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=30))
+    store = dist.TCPStore(
+        "127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=30)
+    )
+    dist.init_process_group(
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=30),
+    )
     try:
         report = {name: train(name, rank, world_size) for name in MODELS}
         dist.barrier()
@@ -176,7 +218,9 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
 
 
-def launch(world_size: int = 2, timeout: float = 45.0) -> dict[int, dict[str, dict[str, object]]]:
+def launch(
+    world_size: int = 2, timeout: float = 45.0
+) -> dict[int, dict[str, dict[str, object]]]:
     """Run the workers; return ``{rank: {model name: measurements}}``.
 
     The rendezvous store is created here on a free port chosen by the OS (port 0: no race for a port); the
@@ -187,9 +231,18 @@ def launch(world_size: int = 2, timeout: float = 45.0) -> dict[int, dict[str, di
     """
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        None,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=30),
+    )
     env = dict(
-        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     )
     if sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on the loopback interface
@@ -208,12 +261,24 @@ def launch(world_size: int = 2, timeout: float = 45.0) -> dict[int, dict[str, di
                     out_dir,
                 ]
                 with open(logs[rank], "w") as log:
-                    procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+                    procs.append(
+                        subprocess.Popen(
+                            command,
+                            cwd=ROOT,
+                            env=env,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                        )
+                    )
             deadline = time.monotonic() + timeout
             # wait for all; stop at once if one fails (its peer would otherwise block in a collective)
-            while any(proc.poll() is None for proc in procs) and not any(proc.poll() for proc in procs):
+            while any(proc.poll() is None for proc in procs) and not any(
+                proc.poll() for proc in procs
+            ):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"DDP workers did not finish within {timeout} s:\n{_tails(logs)}")
+                    raise RuntimeError(
+                        f"DDP workers did not finish within {timeout} s:\n{_tails(logs)}"
+                    )
                 time.sleep(0.05)
         finally:
             for proc in procs:
@@ -222,12 +287,19 @@ def launch(world_size: int = 2, timeout: float = 45.0) -> dict[int, dict[str, di
                     proc.wait()
         codes = [proc.returncode for proc in procs]
         if any(code != 0 for code in codes):
-            raise RuntimeError(f"DDP workers failed with exit codes {codes}:\n{_tails(logs)}")
-        return {rank: json.loads(Path(out_dir, f"rank{rank}.json").read_text()) for rank in range(world_size)}
+            raise RuntimeError(
+                f"DDP workers failed with exit codes {codes}:\n{_tails(logs)}"
+            )
+        return {
+            rank: json.loads(Path(out_dir, f"rank{rank}.json").read_text())
+            for rank in range(world_size)
+        }
 
 
 def _tails(logs: list[Path]) -> str:
-    return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs if log.exists())
+    return "\n".join(
+        f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs if log.exists()
+    )
 
 
 if __name__ == "__main__":

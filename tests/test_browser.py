@@ -151,7 +151,9 @@ def visit(chromium_context: Any, base_url: str, book_dir: Path) -> Callable[...,
             return cache[path]
         file = book_dir / urlsplit(path).path
         if not file.is_file():
-            unavailable(f"{file} is not built (the table of contents is newer than the book: run `make book`)")
+            unavailable(
+                f"{file} is not built (the table of contents is newer than the book: run `make book`)"
+            )
         result = Visit(url=urljoin(base_url, path))
         page = chromium_context.new_page()
 
@@ -163,13 +165,27 @@ def visit(chromium_context: Any, base_url: str, book_dir: Path) -> Callable[...,
                 route.abort()
 
         page.route("**/*", route)
-        page.on("console", lambda m: m.type == "error" and result.console_errors.append(f"{m.text} ({m.location})"))
+        page.on(
+            "console",
+            lambda m: (
+                m.type == "error"
+                and result.console_errors.append(f"{m.text} ({m.location})")
+            ),
+        )
         page.on("pageerror", lambda e: result.console_errors.append(f"uncaught: {e}"))
         page.on(
             "requestfailed",
-            lambda r: is_local(r.url) and result.failed_requests.append(f"{r.url} ({r.failure})"),
+            lambda r: (
+                is_local(r.url)
+                and result.failed_requests.append(f"{r.url} ({r.failure})")
+            ),
         )
-        page.on("response", lambda r: r.status >= 400 and result.bad_responses.append(f"{r.status} {r.url}"))
+        page.on(
+            "response",
+            lambda r: (
+                r.status >= 400 and result.bad_responses.append(f"{r.status} {r.url}")
+            ),
+        )
         try:
             response = page.goto(result.url, wait_until="load")
             result.status = response.status if response else None
@@ -178,10 +194,16 @@ def visit(chromium_context: Any, base_url: str, book_dir: Path) -> Callable[...,
                 page.wait_for_selector(ready, state="attached")
             page.wait_for_load_state("networkidle")
             result.title = page.title()
-            result.h1 = page.locator("h1").first.inner_text() if page.locator("h1").count() else ""
+            result.h1 = (
+                page.locator("h1").first.inner_text()
+                if page.locator("h1").count()
+                else ""
+            )
             result.dom = page.evaluate(COLLECT)
             if ready:
-                result.dom["ready"] = page.eval_on_selector_all(ready, "els => els.map(a => a.href)")
+                result.dom["ready"] = page.eval_on_selector_all(
+                    ready, "els => els.map(a => a.href)"
+                )
             page.wait_for_load_state("networkidle")
         finally:
             page.close()
@@ -200,7 +222,10 @@ def fetch(base_url: str) -> Callable[[str], tuple[int, str]]:
         if url not in cache:
             try:
                 with urllib.request.urlopen(url, timeout=10) as response:
-                    cache[url] = (response.status, response.read().decode("utf-8", errors="replace"))
+                    cache[url] = (
+                        response.status,
+                        response.read().decode("utf-8", errors="replace"),
+                    )
             except urllib.error.HTTPError as error:
                 cache[url] = (error.code, "")
         return cache[url]
@@ -220,41 +245,65 @@ def test_page_loads(visit: Callable[..., Visit], docname: str) -> None:
 
 
 @pytest.mark.parametrize("docname", PAGES)
-def test_every_request_succeeds_on_localhost(visit: Callable[..., Visit], docname: str) -> None:
+def test_every_request_succeeds_on_localhost(
+    visit: Callable[..., Visit], docname: str
+) -> None:
     seen = visit(html_path(docname))
-    assert not seen.external_requests, f"{docname} requests beyond localhost: {seen.external_requests}"
-    assert not seen.failed_requests, f"{docname} has failed requests: {seen.failed_requests}"
-    assert not seen.bad_responses, f"{docname} has responses >= 400: {seen.bad_responses}"
+    assert not seen.external_requests, (
+        f"{docname} requests beyond localhost: {seen.external_requests}"
+    )
+    assert not seen.failed_requests, (
+        f"{docname} has failed requests: {seen.failed_requests}"
+    )
+    assert not seen.bad_responses, (
+        f"{docname} has responses >= 400: {seen.bad_responses}"
+    )
 
 
 @pytest.mark.parametrize("docname", PAGES)
 def test_no_console_error(visit: Callable[..., Visit], docname: str) -> None:
     seen = visit(html_path(docname))
-    assert not seen.console_errors, f"{docname} logs console errors: {seen.console_errors}"
+    assert not seen.console_errors, (
+        f"{docname} logs console errors: {seen.console_errors}"
+    )
 
 
 @pytest.mark.parametrize("docname", PAGES)
 def test_math_is_typeset(visit: Callable[..., Visit], docname: str) -> None:
     dom = visit(html_path(docname)).dom
-    assert not dom["untypeset"], f"{docname}: math left untypeset by MathJax: {dom['untypeset']}"
-    assert not dom["mathErrors"], f"{docname}: MathJax could not parse: {dom['mathErrors']}"
+    assert not dom["untypeset"], (
+        f"{docname}: math left untypeset by MathJax: {dom['untypeset']}"
+    )
+    assert not dom["mathErrors"], (
+        f"{docname}: MathJax could not parse: {dom['mathErrors']}"
+    )
     assert not dom["rawTex"], f"{docname}: raw TeX shows as text: {dom['rawTex']}"
 
 
 @pytest.mark.parametrize("docname", PAGES)
-def test_display_equations_are_labelled(visit: Callable[..., Visit], docname: str) -> None:
+def test_display_equations_are_labelled(
+    visit: Callable[..., Visit], docname: str
+) -> None:
     unlabelled = visit(html_path(docname)).dom["unlabelled"]
-    assert not unlabelled, f"{docname}: display equations without a label (write $$ ... $$ (eq-name)): {unlabelled}"
+    assert not unlabelled, (
+        f"{docname}: display equations without a label (write $$ ... $$ (eq-name)): {unlabelled}"
+    )
 
 
 @pytest.mark.parametrize("docname", NOTEBOOK_PAGES)
-def test_chapter_opens_with_claim_and_ends_with_summary(visit: Callable[..., Visit], docname: str) -> None:
+def test_chapter_opens_with_claim_and_ends_with_summary(
+    visit: Callable[..., Visit], docname: str
+) -> None:
     dom = visit(html_path(docname)).dom
     assert dom["firstParagraph"].startswith("Claim."), (
         f"{docname} does not open with its claim: {dom['firstParagraph']!r}"
     )
-    assert dom["lastHeading"].rstrip("#").strip() == "Summary", f"{docname} ends with {dom['lastHeading']!r}"
-    assert "tests/" in dom["lastSectionText"], f"{docname}'s summary does not say where tests/ checks it"
+    assert dom["lastHeading"].rstrip("#").strip() == "Summary", (
+        f"{docname} ends with {dom['lastHeading']!r}"
+    )
+    assert "tests/" in dom["lastSectionText"], (
+        f"{docname}'s summary does not say where tests/ checks it"
+    )
 
 
 @pytest.mark.parametrize("docname", PAGES)
@@ -276,27 +325,43 @@ def test_every_internal_link_resolves(
         status, body = fetch(target)
         if status != 200:
             broken.append(f"{link} ({status})")
-        elif fragment and not re.search(rf'\b(?:id|name)="{re.escape(unquote(fragment))}"', body):
+        elif fragment and not re.search(
+            rf'\b(?:id|name)="{re.escape(unquote(fragment))}"', body
+        ):
             broken.append(f"{link} (no element with id {unquote(fragment)!r})")
     assert not broken, f"{docname} links to what does not exist: {broken}"
 
 
 @pytest.mark.parametrize("docname", PAGES)
-def test_no_directive_line_in_rendered_code(visit: Callable[..., Visit], docname: str) -> None:
-    shown = [line for block in visit(html_path(docname)).dom["code"] for line in block.splitlines()]
+def test_no_directive_line_in_rendered_code(
+    visit: Callable[..., Visit], docname: str
+) -> None:
+    shown = [
+        line
+        for block in visit(html_path(docname)).dom["code"]
+        for line in block.splitlines()
+    ]
     directives = [line for line in shown if line.lstrip().startswith("#|")]
-    assert not directives, f"{docname} shows exporter directives in its code: {directives}"
+    assert not directives, (
+        f"{docname} shows exporter directives in its code: {directives}"
+    )
 
 
 @pytest.mark.parametrize("docname", NOTEBOOK_PAGES)
 def test_notebook_page_offers_its_ipynb(
     visit: Callable[..., Visit], fetch: Callable[[str], tuple[int, str]], docname: str
 ) -> None:
-    downloads = [url for url in visit(html_path(docname)).dom["downloads"] if url.endswith(".ipynb")]
+    downloads = [
+        url
+        for url in visit(html_path(docname)).dom["downloads"]
+        if url.endswith(".ipynb")
+    ]
     assert downloads, f"{docname} has no .ipynb download button"
     status, body = fetch(downloads[0])
     assert status == 200, f"{downloads[0]} answered {status}"
-    assert '"cells"' in body and '"nbformat"' in body, f"{downloads[0]} is not a notebook"
+    assert '"cells"' in body and '"nbformat"' in body, (
+        f"{downloads[0]} is not a notebook"
+    )
 
 
 # ---- the built files, without a browser ----------------------------------------------------------------------
@@ -308,7 +373,11 @@ def test_no_directive_line_in_html(book_dir: Path, docname: str) -> None:
     if not file.is_file():
         unavailable(f"{file} is not built (run `make book`)")
     html = file.read_text(encoding="utf-8")
-    lines = [line for line in re.sub(r"<[^>]+>", "", html).splitlines() if line.lstrip().startswith("#|")]
+    lines = [
+        line
+        for line in re.sub(r"<[^>]+>", "", html).splitlines()
+        if line.lstrip().startswith("#|")
+    ]
     assert not lines, f"{file} contains exporter directive lines: {lines}"
 
 
@@ -319,9 +388,15 @@ def test_figures_are_opaque(book_dir: Path) -> None:
     transparent = []
     for png in sorted((book_dir / "_images").glob("*.png")):
         pixels = matplotlib.image.imread(png)
-        if pixels.ndim == 3 and pixels.shape[2] == 4 and float(pixels[..., 3].min()) < 1.0:
+        if (
+            pixels.ndim == 3
+            and pixels.shape[2] == 4
+            and float(pixels[..., 3].min()) < 1.0
+        ):
             transparent.append(png.name)
-    assert not transparent, f"figures with a transparent background (unreadable in dark mode): {transparent}"
+    assert not transparent, (
+        f"figures with a transparent background (unreadable in dark mode): {transparent}"
+    )
 
 
 # ---- the search page and the API page -------------------------------------------------------------------------
@@ -329,18 +404,30 @@ def test_figures_are_opaque(book_dir: Path) -> None:
 
 def test_search_finds_a_word_of_the_body_text(visit: Callable[..., Visit]) -> None:
     intro = visit(html_path(PAGES[0]))
-    assert SEARCH_WORD in intro.dom["text"].lower(), f"{SEARCH_WORD!r} is no longer in the intro's text"
-    search = visit(f"search.html?q={SEARCH_WORD}", ready="#search-results ul.search li a")
-    assert not search.external_requests, f"the search page requests beyond localhost: {search.external_requests}"
+    assert SEARCH_WORD in intro.dom["text"].lower(), (
+        f"{SEARCH_WORD!r} is no longer in the intro's text"
+    )
+    search = visit(
+        f"search.html?q={SEARCH_WORD}", ready="#search-results ul.search li a"
+    )
+    assert not search.external_requests, (
+        f"the search page requests beyond localhost: {search.external_requests}"
+    )
     assert not search.failed_requests + search.bad_responses, (
         f"the search page has failed requests: {search.failed_requests + search.bad_responses}"
     )
-    assert not search.console_errors, f"the search page logs console errors: {search.console_errors}"
+    assert not search.console_errors, (
+        f"the search page logs console errors: {search.console_errors}"
+    )
     hit_pages = {urlsplit(hit).path.lstrip("/") for hit in search.dom["ready"]}
-    assert html_path(PAGES[0]) in hit_pages, f"searching {SEARCH_WORD!r} did not find the intro: {hit_pages}"
+    assert html_path(PAGES[0]) in hit_pages, (
+        f"searching {SEARCH_WORD!r} did not find the intro: {hit_pages}"
+    )
 
 
-def test_api_page_documents_positional_encoding(chromium_context: Any, base_url: str, book_dir: Path) -> None:
+def test_api_page_documents_positional_encoding(
+    chromium_context: Any, base_url: str, book_dir: Path
+) -> None:
     import posenc
 
     if API_PAGE not in PAGES:
@@ -366,4 +453,6 @@ def test_api_page_documents_positional_encoding(chromium_context: Any, base_url:
         missing = [p for p in wanted if p not in in_signature]
         assert not missing, f"{name}'s rendered signature lacks {missing}: {signature}"
         undescribed = [p for p in wanted if p not in described]
-        assert not undescribed, f"{name}'s parameters without a description on the API page: {undescribed}"
+        assert not undescribed, (
+            f"{name}'s parameters without a description on the API page: {undescribed}"
+        )

@@ -54,7 +54,9 @@ def test_compiled_graph_reads_the_cached_table():
     compiled = torch.compile(module, backend=recording_backend(graphs), fullgraph=True)
     x = torch.randn(5, 2, 16)
     assert torch.equal(compiled(x), module(x))
-    assert len(graphs) == 1 and not computes_sines(graphs[0]), "the table must be read, not computed, in the graph"
+    assert len(graphs) == 1 and not computes_sines(graphs[0]), (
+        "the table must be read, not computed, in the graph"
+    )
     # the cache was filled with a real tensor while tracing (not a fake one), exact to float32 rounding
     table = module._tables[(torch.device("cpu"), torch.float32)]
     assert type(table) is torch.Tensor and not isinstance(table, FakeTensor)
@@ -78,7 +80,9 @@ def test_compiled_training_mode_applies_the_same_dropout():
     torch.manual_seed(1)
     eager = module(x)
     torch.manual_seed(1)
-    assert torch.equal(compiled(x), eager)  # the graph runs the same ATen dropout, drawing the same mask
+    assert torch.equal(
+        compiled(x), eager
+    )  # the graph runs the same ATen dropout, drawing the same mask
 
 
 def test_inductor_fullgraph_fixed_length_matches_eager():
@@ -97,7 +101,10 @@ def test_inductor_dynamic_lengths_and_offsets_match_eager():
     compiled = torch.compile(module, fullgraph=True, dynamic=True)
     for seq_len, offset in [(3, 0), (7, 0), (20, 5), (11, 17), (30, 30)]:
         x = torch.randn(2, seq_len, 32)
-        assert torch.equal(compiled(x, offset=offset), module(x, offset=offset)), (seq_len, offset)
+        assert torch.equal(compiled(x, offset=offset), module(x, offset=offset)), (
+            seq_len,
+            offset,
+        )
     # one graph for every length and offset within the cache (two if a torch version specialises offset=0)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
 
@@ -106,19 +113,33 @@ def test_inductor_past_max_len_matches_eager_within_derived_tolerance():
     torch._dynamo.reset()
     module = PositionalEncoding(24, max_len=8).eval()
     compiled = torch.compile(module, fullgraph=True, dynamic=True)
-    for dtype in (torch.float32, torch.float64, torch.bfloat16):  # bfloat16: rounded once inside the graph too
+    for dtype in (
+        torch.float32,
+        torch.float64,
+        torch.bfloat16,
+    ):  # bfloat16: rounded once inside the graph too
         for seq_len in (40, 90):
             x = torch.randn(seq_len, 2, 24, dtype=dtype)
-            torch.testing.assert_close(compiled(x), module(x), **tolerance(dtype, max_angle=seq_len))
+            torch.testing.assert_close(
+                compiled(x), module(x), **tolerance(dtype, max_angle=seq_len)
+            )
 
 
 class TinyModel(nn.Module):
     """Embedding -> positional encoding -> linear: the smallest model that uses the module."""
 
-    def __init__(self, vocab: int = 50, d_model: int = 16, max_len: int = 32, batch_first: bool = False) -> None:
+    def __init__(
+        self,
+        vocab: int = 50,
+        d_model: int = 16,
+        max_len: int = 32,
+        batch_first: bool = False,
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
-        self.pe = PositionalEncoding(d_model, dropout_prob=0.1, max_len=max_len, batch_first=batch_first)
+        self.pe = PositionalEncoding(
+            d_model, dropout_prob=0.1, max_len=max_len, batch_first=batch_first
+        )
         self.out = nn.Linear(d_model, 4)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -129,19 +150,28 @@ def test_export_matches_eager_for_every_length_and_holds_no_table():
     torch.manual_seed(0)
     model = TinyModel().eval()
     seq = torch.export.Dim("seq", min=2, max=4096)
-    program = torch.export.export(model, (torch.randint(0, 50, (6, 2)),), dynamic_shapes={"tokens": {0: seq}})
+    program = torch.export.export(
+        model, (torch.randint(0, 50, (6, 2)),), dynamic_shapes={"tokens": {0: seq}}
+    )
     assert model.pe._tables == {}, "exporting must not fill the module's cache"
     assert len(program.constants) == 0, "the exported program must not bake a table in"
     assert computes_sines(program.graph_module)
     exported = program.module()
     for seq_len in (2, 17, 32, 100):  # 100 > max_len: the program has no cache limit
         tokens = torch.randint(0, 50, (seq_len, 2))
-        torch.testing.assert_close(exported(tokens), model(tokens), **tolerance(torch.float32, max_angle=seq_len))
+        torch.testing.assert_close(
+            exported(tokens),
+            model(tokens),
+            **tolerance(torch.float32, max_angle=seq_len),
+        )
 
 
 def test_export_with_explicit_positions_and_an_offset():
     module = PositionalEncoding(16, batch_first=True).eval()
-    x, positions = torch.randn(2, 6, 16), torch.tensor([[0, 1, 2, 0, 1, 2], [5, 6, 7, 8, 9, 10]])
+    x, positions = (
+        torch.randn(2, 6, 16),
+        torch.tensor([[0, 1, 2, 0, 1, 2], [5, 6, 7, 8, 9, 10]]),
+    )
 
     class WithPositions(nn.Module):
         def __init__(self) -> None:
@@ -153,22 +183,36 @@ def test_export_with_explicit_positions_and_an_offset():
 
     seq = torch.export.Dim("seq", min=2, max=4096)
     program = torch.export.export(
-        WithPositions(), (x, positions), dynamic_shapes={"x": {1: seq}, "positions": {1: seq}}
+        WithPositions(),
+        (x, positions),
+        dynamic_shapes={"x": {1: seq}, "positions": {1: seq}},
     )
     for seq_len in (3, 9):
         x, positions = torch.randn(2, seq_len, 16), torch.randint(0, 1000, (2, seq_len))
         expected = module(x, positions=positions)
-        torch.testing.assert_close(program.module()(x, positions), expected, **tolerance(torch.float32, 1000))
+        torch.testing.assert_close(
+            program.module()(x, positions), expected, **tolerance(torch.float32, 1000)
+        )
     # an int offset is a Python constant to export: the program keeps the offset it was exported with
     program = torch.export.export(module, (x,), {"offset": 7})
-    torch.testing.assert_close(program.module()(x, offset=7), module(x, offset=7), **tolerance(torch.float32, 100))
+    torch.testing.assert_close(
+        program.module()(x, offset=7),
+        module(x, offset=7),
+        **tolerance(torch.float32, 100),
+    )
 
 
 def test_strict_export_matches_eager():
     model = TinyModel().eval()
     seq = torch.export.Dim("seq", min=2, max=4096)
     tokens = torch.randint(0, 50, (6, 2))
-    program = torch.export.export(model, (tokens,), dynamic_shapes={"tokens": {0: seq}}, strict=True)
+    program = torch.export.export(
+        model, (tokens,), dynamic_shapes={"tokens": {0: seq}}, strict=True
+    )
     assert model.pe._tables == {} and len(program.constants) == 0
     tokens = torch.randint(0, 50, (100, 2))
-    torch.testing.assert_close(program.module()(tokens), model(tokens), **tolerance(torch.float32, max_angle=100))
+    torch.testing.assert_close(
+        program.module()(tokens),
+        model(tokens),
+        **tolerance(torch.float32, max_angle=100),
+    )

@@ -28,7 +28,9 @@ from posenc import PositionalEncoding, frequencies, offset_matrix, sinusoidal_en
 U64 = 2.0**-53  # float64 unit roundoff
 bases = st.floats(1.0, 6.0).map(lambda e: 10.0**e)  # log-uniform in [10, 1e6]
 position_lists = st.lists(st.integers(0, 2**20), min_size=1, max_size=16)
-SETTINGS = settings(max_examples=60, deadline=None, database=None)  # no .hypothesis/ written into the checkout
+SETTINGS = settings(
+    max_examples=60, deadline=None, database=None
+)  # no .hypothesis/ written into the checkout
 
 
 def peer_tolerance(max_position: int, base: float) -> float:
@@ -48,12 +50,16 @@ def peer_tolerance(max_position: int, base: float) -> float:
 # ----- the published formulas, restated in float64 -------------------------------------------------------------
 
 
-def fairseq_get_embedding(num_embeddings: int, embedding_dim: int, padding_idx: int | None = None) -> torch.Tensor:
+def fairseq_get_embedding(
+    num_embeddings: int, embedding_dim: int, padding_idx: int | None = None
+) -> torch.Tensor:
     """fairseq's table: [num_embeddings, embedding_dim] (defined for embedding_dim >= 4)."""
     return fairseq_rows(torch.arange(num_embeddings), embedding_dim, padding_idx)
 
 
-def fairseq_rows(rows: torch.Tensor, embedding_dim: int, padding_idx: int | None = None) -> torch.Tensor:
+def fairseq_rows(
+    rows: torch.Tensor, embedding_dim: int, padding_idx: int | None = None
+) -> torch.Tensor:
     """Rows ``rows`` of fairseq's table, the same arithmetic with arange(num_embeddings) replaced by ``rows``."""
     half_dim = embedding_dim // 2
     emb = math.log(10000) / (half_dim - 1)
@@ -68,13 +74,21 @@ def fairseq_rows(rows: torch.Tensor, embedding_dim: int, padding_idx: int | None
 
 
 def t2t_get_timing_signal_1d(
-    length: int, channels: int, min_timescale: float = 1.0, max_timescale: float = 1.0e4, start_index: int = 0
+    length: int,
+    channels: int,
+    min_timescale: float = 1.0,
+    max_timescale: float = 1.0e4,
+    start_index: int = 0,
 ) -> np.ndarray:
     """tensor2tensor's timing signal: [1, length, channels]."""
     position = np.arange(length, dtype=np.float64) + start_index
     num_timescales = channels // 2
-    log_timescale_increment = math.log(float(max_timescale) / float(min_timescale)) / max(float(num_timescales) - 1, 1)
-    inv_timescales = min_timescale * np.exp(np.arange(num_timescales, dtype=np.float64) * -log_timescale_increment)
+    log_timescale_increment = math.log(
+        float(max_timescale) / float(min_timescale)
+    ) / max(float(num_timescales) - 1, 1)
+    inv_timescales = min_timescale * np.exp(
+        np.arange(num_timescales, dtype=np.float64) * -log_timescale_increment
+    )
     scaled_time = np.expand_dims(position, 1) * np.expand_dims(inv_timescales, 0)
     signal = np.concatenate([np.sin(scaled_time), np.cos(scaled_time)], axis=1)
     signal = np.pad(signal, [[0, 0], [0, channels % 2]])
@@ -83,7 +97,12 @@ def t2t_get_timing_signal_1d(
 
 def marian_init_weight_literal(n_pos: int, dim: int) -> np.ndarray:
     """Marian's _init_weight as written (Python loops), before the float32 cast: [n_pos, dim]."""
-    position_enc = np.array([[pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)] for pos in range(n_pos)])
+    position_enc = np.array(
+        [
+            [pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)]
+            for pos in range(n_pos)
+        ]
+    )
     out = np.empty((n_pos, dim))
     sentinel = dim // 2 if dim % 2 == 0 else (dim // 2) + 1
     out[:, 0:sentinel] = np.sin(position_enc[:, 0::2])
@@ -94,7 +113,9 @@ def marian_init_weight_literal(n_pos: int, dim: int) -> np.ndarray:
 def marian_rows(rows: np.ndarray, dim: int) -> np.ndarray:
     """Rows ``rows`` of Marian's table, vectorised with the same element-wise arithmetic: [len(rows), dim]."""
     j = np.arange(dim)
-    position_enc = rows.astype(np.float64)[:, None] / np.power(10000, 2 * (j // 2) / dim)[None, :]
+    position_enc = (
+        rows.astype(np.float64)[:, None] / np.power(10000, 2 * (j // 2) / dim)[None, :]
+    )
     sentinel = dim // 2 if dim % 2 == 0 else (dim // 2) + 1
     out = np.empty((len(rows), dim))
     out[:, 0:sentinel] = np.sin(position_enc[:, 0::2])
@@ -102,17 +123,23 @@ def marian_rows(rows: np.ndarray, dim: int) -> np.ndarray:
     return out
 
 
-def whisper_sinusoids_rows(rows: torch.Tensor, channels: int, max_timescale: float = 10000) -> torch.Tensor:
+def whisper_sinusoids_rows(
+    rows: torch.Tensor, channels: int, max_timescale: float = 10000
+) -> torch.Tensor:
     """Rows of Whisper's sinusoids(length, channels, max_timescale) (even channels >= 4): [len(rows), channels]."""
     if channels % 2 != 0:
         raise ValueError("Whisper refuses odd channels")
     log_timescale_increment = math.log(max_timescale) / (channels // 2 - 1)
-    inv_timescales = torch.exp(-log_timescale_increment * torch.arange(channels // 2, dtype=torch.float64))
+    inv_timescales = torch.exp(
+        -log_timescale_increment * torch.arange(channels // 2, dtype=torch.float64)
+    )
     scaled_time = rows.to(torch.float64).view(-1, 1) * inv_timescales.view(1, -1)
     return torch.cat([scaled_time.sin(), scaled_time.cos()], dim=1)
 
 
-def x_transformers_rows(pos: torch.Tensor, dim: int, theta: float = 10000) -> torch.Tensor:
+def x_transformers_rows(
+    pos: torch.Tensor, dim: int, theta: float = 10000
+) -> torch.Tensor:
     """x-transformers' ScaledSinusoidalEmbedding at positions ``pos``, without its learned scale: [len(pos), dim]."""
     half_dim = dim // 2
     freq_seq = torch.arange(half_dim, dtype=torch.float64) / half_dim
@@ -122,10 +149,18 @@ def x_transformers_rows(pos: torch.Tensor, dim: int, theta: float = 10000) -> to
 
 
 def posenc_concat(
-    positions: list[int] | torch.Tensor, d_model: int, schedule: str, base: float = 10000.0
+    positions: list[int] | torch.Tensor,
+    d_model: int,
+    schedule: str,
+    base: float = 10000.0,
 ) -> torch.Tensor:
     return sinusoidal_encoding(
-        torch.as_tensor(positions), d_model, base=base, dtype=torch.float64, layout="concat", frequencies=schedule
+        torch.as_tensor(positions),
+        d_model,
+        base=base,
+        dtype=torch.float64,
+        layout="concat",
+        frequencies=schedule,
     )
 
 
@@ -136,7 +171,9 @@ def posenc_concat(
 @given(d_model=st.integers(4, 1024), rows=position_lists)
 def test_fairseq_get_embedding(d_model: int, rows: list[int]) -> None:
     ours = posenc_concat(rows, d_model, "tensor2tensor")
-    assert (fairseq_rows(torch.tensor(rows), d_model) - ours).abs().max().item() <= peer_tolerance(max(rows), 1e4)
+    assert (
+        fairseq_rows(torch.tensor(rows), d_model) - ours
+    ).abs().max().item() <= peer_tolerance(max(rows), 1e4)
 
 
 @pytest.mark.parametrize("d_model", [4, 5, 6, 7, 16, 33, 512, 1023])
@@ -148,28 +185,45 @@ def test_fairseq_table_with_padding_and_its_position_numbering(d_model: int) -> 
     keep = torch.arange(300) != padding_idx
     assert (table[keep] - ours[keep]).abs().max().item() <= peer_tolerance(300, 1e4)
     # fairseq numbers real tokens from padding_idx + 1: the module with offset = padding_idx + 1 gives those rows
-    module = PositionalEncoding(d_model, layout="concat", frequencies="tensor2tensor", batch_first=True)
+    module = PositionalEncoding(
+        d_model, layout="concat", frequencies="tensor2tensor", batch_first=True
+    )
     x = torch.zeros(1, 50, d_model, dtype=torch.float64)
     rows = table[padding_idx + 1 : padding_idx + 51]
-    assert (module(x, offset=padding_idx + 1)[0] - rows).abs().max().item() <= peer_tolerance(51, 1e4)
+    assert (
+        module(x, offset=padding_idx + 1)[0] - rows
+    ).abs().max().item() <= peer_tolerance(51, 1e4)
 
 
 @SETTINGS
-@given(d_model=st.integers(1, 1024), base=bases, start=st.integers(0, 2**20), length=st.integers(1, 8))
-def test_tensor2tensor_get_timing_signal_1d(d_model: int, base: float, start: int, length: int) -> None:
-    signal = t2t_get_timing_signal_1d(length, d_model, max_timescale=base, start_index=start)
+@given(
+    d_model=st.integers(1, 1024),
+    base=bases,
+    start=st.integers(0, 2**20),
+    length=st.integers(1, 8),
+)
+def test_tensor2tensor_get_timing_signal_1d(
+    d_model: int, base: float, start: int, length: int
+) -> None:
+    signal = t2t_get_timing_signal_1d(
+        length, d_model, max_timescale=base, start_index=start
+    )
     assert signal.shape == (1, length, d_model)
-    ours = posenc_concat(torch.arange(start, start + length), d_model, "tensor2tensor", base=base)
-    assert np.abs(signal[0] - ours.numpy()).max() <= peer_tolerance(start + length, base)
+    ours = posenc_concat(
+        torch.arange(start, start + length), d_model, "tensor2tensor", base=base
+    )
+    assert np.abs(signal[0] - ours.numpy()).max() <= peer_tolerance(
+        start + length, base
+    )
 
 
 @pytest.mark.parametrize("d_model", [1, 2, 3])
 def test_tensor2tensor_smallest_widths(d_model: int) -> None:
     # num_timescales - 1 <= 0 is guarded by max(., 1); channels = 1 is a single zero channel
     signal = t2t_get_timing_signal_1d(100, d_model)[0]
-    assert np.abs(signal - posenc_concat(torch.arange(100), d_model, "tensor2tensor").numpy()).max() <= peer_tolerance(
-        100, 1e4
-    )
+    assert np.abs(
+        signal - posenc_concat(torch.arange(100), d_model, "tensor2tensor").numpy()
+    ).max() <= peer_tolerance(100, 1e4)
 
 
 @SETTINGS
@@ -183,7 +237,9 @@ def test_marian_sinusoidal_table(d_model: int, rows: list[int]) -> None:
     # ulp (eps * |v| bounds the ulp of v) plus the float64 discrepancy, which matters only near zero
     marian32 = torch.from_numpy(reference).float().double()
     ours32 = sinusoidal_encoding(torch.tensor(rows), d_model, layout="concat").double()
-    tolerance = torch.finfo(torch.float32).eps * marian32.abs() + peer_tolerance(max(rows), 1e4)
+    tolerance = torch.finfo(torch.float32).eps * marian32.abs() + peer_tolerance(
+        max(rows), 1e4
+    )
     assert bool(((marian32 - ours32).abs() <= tolerance).all())
 
 
@@ -192,7 +248,9 @@ def test_marian_vectorised_restatement_is_the_literal_one(d_model: int) -> None:
     # the vectorised form used above performs the same element-wise operations as the literal loops
     literal = marian_init_weight_literal(60, d_model)
     assert np.array_equal(marian_rows(np.arange(60), d_model), literal)
-    assert np.abs(literal - posenc_concat(torch.arange(60), d_model, "paper").numpy()).max() <= peer_tolerance(60, 1e4)
+    assert np.abs(
+        literal - posenc_concat(torch.arange(60), d_model, "paper").numpy()
+    ).max() <= peer_tolerance(60, 1e4)
 
 
 @SETTINGS
@@ -206,7 +264,9 @@ def test_whisper_sinusoids(half: int, base: float, rows: list[int]) -> None:
 
 @SETTINGS
 @given(half=st.integers(1, 512), base=bases, rows=position_lists)
-def test_x_transformers_scaled_sinusoidal(half: int, base: float, rows: list[int]) -> None:
+def test_x_transformers_scaled_sinusoidal(
+    half: int, base: float, rows: list[int]
+) -> None:
     d_model = 2 * half
     reference = x_transformers_rows(torch.tensor(rows), d_model, theta=base)
     ours = posenc_concat(rows, d_model, "paper", base=base)
@@ -224,7 +284,9 @@ def layout_permutation(d_model: int, schedule: str) -> torch.Tensor:
     channels = torch.arange(d_model)
     if schedule == "tensor2tensor" and d_model % 2:
         m = d_model // 2
-        return torch.cat([channels[0 : 2 * m : 2], channels[1 : 2 * m : 2], channels[-1:]])
+        return torch.cat(
+            [channels[0 : 2 * m : 2], channels[1 : 2 * m : 2], channels[-1:]]
+        )
     return torch.cat([channels[0::2], channels[1::2]])
 
 
@@ -245,7 +307,9 @@ def test_layouts_are_a_fixed_permutation(
     perm = layout_permutation(d_model, schedule)
     assert sorted(perm.tolist()) == list(range(d_model))
     interleaved = sinusoidal_encoding(p, d_model, layout="interleaved", **kwargs)
-    assert torch.equal(sinusoidal_encoding(p, d_model, layout="concat", **kwargs), interleaved[:, perm])
+    assert torch.equal(
+        sinusoidal_encoding(p, d_model, layout="concat", **kwargs), interleaved[:, perm]
+    )
     m_interleaved = offset_matrix(positions[0], d_model, **kwargs)
     m_concat = offset_matrix(positions[0], d_model, layout="concat", **kwargs)
     assert torch.equal(m_concat, m_interleaved[perm][:, perm])
@@ -260,13 +324,20 @@ def test_schedule_ratio(d_model: int, base: float) -> None:
     # w_t2t / w_paper = base^(-4i / (d (d - 2))); each of the three powers is within (ln base + 2) U64 relative
     # (exponent rounding times ln base, plus pow's own error), the division adds U64
     i = torch.arange(d_model // 2, dtype=torch.float64)
-    ratio = frequencies(d_model, base=base, schedule="tensor2tensor") / frequencies(d_model, base=base)
+    ratio = frequencies(d_model, base=base, schedule="tensor2tensor") / frequencies(
+        d_model, base=base
+    )
     formula = torch.pow(base, -4 * i / (d_model * (d_model - 2)))
-    assert ((ratio - formula).abs() / formula).max().item() <= (3 * math.log(base) + 8) * U64
+    assert ((ratio - formula).abs() / formula).max().item() <= (
+        3 * math.log(base) + 8
+    ) * U64
     assert ratio[0] == 1.0
     # the slowest tensor2tensor pair lands on 1/base (to pow's rounding)
     assert (
-        abs(frequencies(d_model, base=base, schedule="tensor2tensor")[-1].item() * base - 1)
+        abs(
+            frequencies(d_model, base=base, schedule="tensor2tensor")[-1].item() * base
+            - 1
+        )
         <= (math.log(base) + 4) * U64
     )
 
@@ -274,8 +345,15 @@ def test_schedule_ratio(d_model: int, base: float) -> None:
 def test_schedules_are_not_interchangeable() -> None:
     # the chapter's numbers: d_model = 512 tables differ by > 0.1 from p = 71 and by > 1 from p = 732
     p = torch.arange(2000)
-    gap = (posenc_concat(p, 512, "paper") - posenc_concat(p, 512, "tensor2tensor")).abs().amax(-1)
-    assert int(torch.nonzero(gap > 0.1)[0]) == 71 and int(torch.nonzero(gap > 1.0)[0]) == 732
+    gap = (
+        (posenc_concat(p, 512, "paper") - posenc_concat(p, 512, "tensor2tensor"))
+        .abs()
+        .amax(-1)
+    )
+    assert (
+        int(torch.nonzero(gap > 0.1)[0]) == 71
+        and int(torch.nonzero(gap > 1.0)[0]) == 732
+    )
 
 
 # ----- the keywords on the module, and the defaults ----------------------------------------------------------------
@@ -284,8 +362,12 @@ def test_schedules_are_not_interchangeable() -> None:
 @pytest.mark.parametrize("layout", ["interleaved", "concat"])
 @pytest.mark.parametrize("schedule", ["paper", "tensor2tensor"])
 @pytest.mark.parametrize("d_model", [6, 7])
-def test_module_keywords_match_the_function(layout: str, schedule: str, d_model: int) -> None:
-    module = PositionalEncoding(d_model, layout=layout, frequencies=schedule, max_len=16).eval()
+def test_module_keywords_match_the_function(
+    layout: str, schedule: str, d_model: int
+) -> None:
+    module = PositionalEncoding(
+        d_model, layout=layout, frequencies=schedule, max_len=16
+    ).eval()
     x = torch.randn(40, 2, d_model)  # longer than max_len: the on-the-fly path too
     table = sinusoidal_encoding(40, d_model, layout=layout, frequencies=schedule)
     assert torch.equal(module(x), x + table.unsqueeze(1))
@@ -294,9 +376,13 @@ def test_module_keywords_match_the_function(layout: str, schedule: str, d_model:
 def test_defaults_are_the_paper() -> None:
     p = torch.arange(0, 2**20, 4099)
     assert torch.equal(
-        sinusoidal_encoding(p, 63), sinusoidal_encoding(p, 63, layout="interleaved", frequencies="paper")
+        sinusoidal_encoding(p, 63),
+        sinusoidal_encoding(p, 63, layout="interleaved", frequencies="paper"),
     )
-    assert torch.equal(offset_matrix(9, 63), offset_matrix(9, 63, layout="interleaved", frequencies="paper"))
+    assert torch.equal(
+        offset_matrix(9, 63),
+        offset_matrix(9, 63, layout="interleaved", frequencies="paper"),
+    )
 
 
 @pytest.mark.parametrize("function", [sinusoidal_encoding, offset_matrix])

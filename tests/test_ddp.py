@@ -17,7 +17,8 @@ import torch
 from tests.ddp_worker import MODELS, SEQ_LENS, STEPS, launch
 
 pytestmark = pytest.mark.skipif(
-    not torch.distributed.is_available(), reason="this torch build has no torch.distributed"
+    not torch.distributed.is_available(),
+    reason="this torch build has no torch.distributed",
 )
 
 #: bytes of the constant table the classic modules register as a buffer: max_len * d_model * 4 (float32)
@@ -44,7 +45,9 @@ def test_every_rank_reports_every_model(report: dict) -> None:
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_parameters_identical_across_ranks_after_training(report: dict, name: str) -> None:
+def test_parameters_identical_across_ranks_after_training(
+    report: dict, name: str
+) -> None:
     for rank in report:
         assert report[rank][name]["params_identical"]
         assert report[rank][name]["params_changed"]  # training happened
@@ -66,11 +69,17 @@ def test_posenc_broadcasts_zero_positional_bytes(report: dict, name: str) -> Non
 
 
 @pytest.mark.parametrize("name", sorted(CLASSIC_TABLE_BYTES))
-def test_classic_modules_broadcast_their_table_every_step(report: dict, name: str) -> None:
+def test_classic_modules_broadcast_their_table_every_step(
+    report: dict, name: str
+) -> None:
     # the control: the same meter sees the classic tables (10.24 MB for labml, 25.7 MB for spotpython) every step
     for rank in report:
         measured = report[rank][name]
-        assert measured["buffer_bytes"] == measured["held_by_ddp"] == CLASSIC_TABLE_BYTES[name]
+        assert (
+            measured["buffer_bytes"]
+            == measured["held_by_ddp"]
+            == CLASSIC_TABLE_BYTES[name]
+        )
         assert measured["construction"]["positional"] == CLASSIC_TABLE_BYTES[name]
         for step in measured["steps"]:
             assert step["positional"] == CLASSIC_TABLE_BYTES[name]

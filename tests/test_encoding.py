@@ -13,11 +13,15 @@ from posenc import frequencies, sinusoidal_encoding
 from tests.test_precision import round_once as single_rounding
 
 
-def numpy_reference(positions: np.ndarray, d_model: int, base: float = 10000.0) -> np.ndarray:
+def numpy_reference(
+    positions: np.ndarray, d_model: int, base: float = 10000.0
+) -> np.ndarray:
     """PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/d), in float64; odd d drops the last cos."""
     omega = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)
     angle = positions.astype(np.float64)[..., None] * omega
-    return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(*positions.shape, -1)[..., :d_model]
+    return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(
+        *positions.shape, -1
+    )[..., :d_model]
 
 
 @pytest.mark.parametrize("d_model", [1, 2, 3, 7, 64, 512, 513])
@@ -27,13 +31,17 @@ def test_matches_numpy_float64(d_model: int, base: float) -> None:
     ours = sinusoidal_encoding(2000, d_model, base=base, dtype=torch.float64).numpy()
     # Both evaluate the same float64 formula; they differ only in how w_i is rounded (pow vs exp/log), an
     # error of a few ulps of w_i, i.e. ~p * 4e-16 <= 1e-12 in the angle for p < 2000.
-    np.testing.assert_allclose(ours, numpy_reference(positions, d_model, base), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        ours, numpy_reference(positions, d_model, base), rtol=0, atol=1e-12
+    )
 
 
 def test_frequencies_values_and_shape() -> None:
     omega = frequencies(512)
     assert omega.shape == (256,) and omega.dtype == torch.float64
-    expected = torch.tensor([10000.0 ** (-2 * i / 512) for i in range(256)], dtype=torch.float64)
+    expected = torch.tensor(
+        [10000.0 ** (-2 * i / 512) for i in range(256)], dtype=torch.float64
+    )
     torch.testing.assert_close(omega, expected, rtol=1e-15, atol=0)
     assert frequencies(7).shape == (4,), "ceil(d/2) frequencies for odd d_model"
     assert frequencies(8, dtype=torch.float32).dtype == torch.float32
@@ -44,7 +52,9 @@ def test_frequencies_values_and_shape() -> None:
     assert wavelengths[0] == pytest.approx(2 * math.pi)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+)
 def test_dtype_is_the_float64_value_rounded_once(dtype: torch.dtype) -> None:
     exact = sinusoidal_encoding(3000, 64, dtype=torch.float64)
     # Not exact.to(dtype): torch converts float64 to float16/bfloat16 through float32, rounding twice.
@@ -61,7 +71,10 @@ def test_shapes_of_positions() -> None:
     assert out.shape == (2, 3, 8)
     assert torch.equal(out[1, 2], sinusoidal_encoding(10, 8)[9])
     for dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8):
-        assert torch.equal(sinusoidal_encoding(torch.arange(5, dtype=dtype), 8), sinusoidal_encoding(5, 8))
+        assert torch.equal(
+            sinusoidal_encoding(torch.arange(5, dtype=dtype), 8),
+            sinusoidal_encoding(5, 8),
+        )
     assert torch.equal(sinusoidal_encoding(np.int64(4), 8), sinusoidal_encoding(4, 8))
 
 
@@ -69,7 +82,9 @@ def test_odd_d_model_last_channel_is_an_unpaired_sine() -> None:
     odd = sinusoidal_encoding(100, 7, dtype=torch.float64)
     even = sinusoidal_encoding(100, 8, dtype=torch.float64)
     p = torch.arange(100, dtype=torch.float64)
-    torch.testing.assert_close(odd[:, 6], torch.sin(p * 10000.0 ** (-6 / 7)), rtol=0, atol=1e-13)
+    torch.testing.assert_close(
+        odd[:, 6], torch.sin(p * 10000.0 ** (-6 / 7)), rtol=0, atol=1e-13
+    )
     # the paired channels of an odd width use base^(-2i/7), not base^(-2i/8)
     assert not torch.allclose(odd[:, 2], even[:, 2])
 
@@ -77,7 +92,9 @@ def test_odd_d_model_last_channel_is_an_unpaired_sine() -> None:
 def test_bounded_and_values_at_position_zero() -> None:
     table = sinusoidal_encoding(10_000, 128)
     assert table.abs().max() <= 1
-    assert torch.equal(table[0, 0::2], torch.zeros(64)) and torch.equal(table[0, 1::2], torch.ones(64))
+    assert torch.equal(table[0, 0::2], torch.zeros(64)) and torch.equal(
+        table[0, 1::2], torch.ones(64)
+    )
 
 
 def test_large_positions_stay_exact_in_float32() -> None:
@@ -90,7 +107,10 @@ def test_large_positions_stay_exact_in_float32() -> None:
 
 def test_device_argument() -> None:
     assert sinusoidal_encoding(4, 8, device="cpu").device.type == "cpu"
-    assert sinusoidal_encoding(torch.arange(4), 8, device=torch.device("cpu")).device.type == "cpu"
+    assert (
+        sinusoidal_encoding(torch.arange(4), 8, device=torch.device("cpu")).device.type
+        == "cpu"
+    )
     meta = sinusoidal_encoding(torch.arange(4, device="meta"), 8)
     assert meta.device.type == "meta" and meta.shape == (4, 8)
 
@@ -98,15 +118,31 @@ def test_device_argument() -> None:
 @pytest.mark.parametrize(
     ("call", "error", "words"),
     [
-        (lambda: sinusoidal_encoding(4, 0), ValueError, ["d_model", "0", "d_model=512"]),
+        (
+            lambda: sinusoidal_encoding(4, 0),
+            ValueError,
+            ["d_model", "0", "d_model=512"],
+        ),
         (lambda: sinusoidal_encoding(4, -3), ValueError, ["d_model", "-3"]),
         (lambda: sinusoidal_encoding(4, 8.0), TypeError, ["d_model", "8.0", "float"]),
         (lambda: sinusoidal_encoding(4, True), TypeError, ["d_model", "True"]),
-        (lambda: sinusoidal_encoding(4, 8, base=1.0), ValueError, ["base", "1.0", "10000"]),
+        (
+            lambda: sinusoidal_encoding(4, 8, base=1.0),
+            ValueError,
+            ["base", "1.0", "10000"],
+        ),
         (lambda: sinusoidal_encoding(4, 8, base=0.5), ValueError, ["base", "0.5"]),
-        (lambda: sinusoidal_encoding(4, 8, base=float("inf")), ValueError, ["base", "inf"]),
+        (
+            lambda: sinusoidal_encoding(4, 8, base=float("inf")),
+            ValueError,
+            ["base", "inf"],
+        ),
         (lambda: sinusoidal_encoding(4, 8, base="1e4"), TypeError, ["base", "'1e4'"]),
-        (lambda: sinusoidal_encoding(4, 8, dtype=torch.int64), TypeError, ["dtype", "torch.int64"]),
+        (
+            lambda: sinusoidal_encoding(4, 8, dtype=torch.int64),
+            TypeError,
+            ["dtype", "torch.int64"],
+        ),
         (lambda: sinusoidal_encoding(-1, 8), ValueError, ["positions", "-1"]),
         (lambda: sinusoidal_encoding(4.0, 8), TypeError, ["positions", "float"]),
         (
@@ -114,10 +150,26 @@ def test_device_argument() -> None:
             TypeError,
             ["positions", "torch.float32", ".long()"],
         ),
-        (lambda: sinusoidal_encoding(torch.tensor([True]), 8), TypeError, ["positions", "torch.bool"]),
-        (lambda: sinusoidal_encoding(torch.tensor([3, -2]), 8), ValueError, ["positions", "-2"]),
-        (lambda: sinusoidal_encoding(4, 8, layout="sincos"), ValueError, ["layout", "'sincos'", "'concat'"]),
-        (lambda: sinusoidal_encoding(4, 8, frequencies="t2t"), ValueError, ["frequencies", "'t2t'", "'tensor2tensor'"]),
+        (
+            lambda: sinusoidal_encoding(torch.tensor([True]), 8),
+            TypeError,
+            ["positions", "torch.bool"],
+        ),
+        (
+            lambda: sinusoidal_encoding(torch.tensor([3, -2]), 8),
+            ValueError,
+            ["positions", "-2"],
+        ),
+        (
+            lambda: sinusoidal_encoding(4, 8, layout="sincos"),
+            ValueError,
+            ["layout", "'sincos'", "'concat'"],
+        ),
+        (
+            lambda: sinusoidal_encoding(4, 8, frequencies="t2t"),
+            ValueError,
+            ["frequencies", "'t2t'", "'tensor2tensor'"],
+        ),
         (lambda: frequencies(8, schedule="x"), ValueError, ["schedule", "'x'"]),
         (lambda: frequencies(0), ValueError, ["d_model", "0"]),
     ],

@@ -20,7 +20,9 @@ positions = st.integers(0, 2**20)
 offsets = st.integers(-(2**16), 2**16)
 dtypes = st.sampled_from([torch.float32, torch.float64])
 schedules = st.sampled_from(["paper", "tensor2tensor"])
-SETTINGS = settings(max_examples=100, deadline=None, database=None)  # no .hypothesis/ written into the checkout
+SETTINGS = settings(
+    max_examples=100, deadline=None, database=None
+)  # no .hypothesis/ written into the checkout
 
 
 def dot_tolerance64(d_model: int, omega: torch.Tensor, p: int, k: int) -> float:
@@ -32,7 +34,11 @@ def dot_tolerance64(d_model: int, omega: torch.Tensor, p: int, k: int) -> float:
     sums of at most d terms of size <= 1, each within (d - 1) U64 * sum |terms| <= d U64 * d/2.
     """
     m = d_model // 2
-    return U64 * (p + abs(p + k) + abs(k)) * omega[:m].sum().item() + 11 * U64 * m + 2 * d_model * U64 * m
+    return (
+        U64 * (p + abs(p + k) + abs(k)) * omega[:m].sum().item()
+        + 11 * U64 * m
+        + 2 * d_model * U64 * m
+    )
 
 
 @SETTINGS
@@ -49,12 +55,18 @@ def test_dot_product_depends_on_the_offset_only(
 ) -> None:
     p_t = torch.tensor(p)
     k = max(k, -min(p))
-    kwargs = {"base": base, "frequencies": schedule, "layout": "concat"}  # the concat layout makes pairs easy to slice
+    kwargs = {
+        "base": base,
+        "frequencies": schedule,
+        "layout": "concat",
+    }  # the concat layout makes pairs easy to slice
     a = sinusoidal_encoding(p_t, d_model, dtype=dtype, **kwargs).double()
     b = sinusoidal_encoding(p_t + k, d_model, dtype=dtype, **kwargs).double()
     m = d_model // 2
     # the paired channels: sines 0..m-1 and cosines at ceil(d/2)..ceil(d/2)+m-1 (tensor2tensor odd: m..2m-1)
-    cos_start = m if (schedule == "tensor2tensor" and d_model % 2) else (d_model + 1) // 2
+    cos_start = (
+        m if (schedule == "tensor2tensor" and d_model % 2) else (d_model + 1) // 2
+    )
     paired = list(range(m)) + list(range(cos_start, cos_start + m))
     dots = (a[:, paired] * b[:, paired]).sum(-1)  # float64 accumulation
     omega = frequencies(d_model, base=base, schedule=schedule)
@@ -76,9 +88,19 @@ def test_dot_product_depends_on_the_offset_only(
 
 
 @SETTINGS
-@given(d_model=d_models, base=bases, p=st.lists(positions, min_size=1, max_size=16), dtype=dtypes, schedule=schedules)
-def test_norm_is_sqrt_half_d(d_model: int, base: float, p: list[int], dtype: torch.dtype, schedule: str) -> None:
-    values = sinusoidal_encoding(torch.tensor(p), d_model, base=base, dtype=dtype, frequencies=schedule).double()
+@given(
+    d_model=d_models,
+    base=bases,
+    p=st.lists(positions, min_size=1, max_size=16),
+    dtype=dtypes,
+    schedule=schedules,
+)
+def test_norm_is_sqrt_half_d(
+    d_model: int, base: float, p: list[int], dtype: torch.dtype, schedule: str
+) -> None:
+    values = sinusoidal_encoding(
+        torch.tensor(p), d_model, base=base, dtype=dtype, frequencies=schedule
+    ).double()
     sq_norm = (values**2).sum(-1)
     m = d_model // 2
     # float64: per pair sin^2 + cos^2 = 1 up to 2 * 2 U64 * (|s| + |c|) <= 4 sqrt(2) U64 for the evaluations and
@@ -93,7 +115,10 @@ def test_norm_is_sqrt_half_d(d_model: int, base: float, p: list[int], dtype: tor
         assert (sq_norm - m).abs().max().item() <= tolerance
     else:
         # paper odd: the unpaired sine adds sin^2(p w_u) in [0, 1]
-        assert sq_norm.min().item() >= m - tolerance and sq_norm.max().item() <= m + 1 + tolerance
+        assert (
+            sq_norm.min().item() >= m - tolerance
+            and sq_norm.max().item() <= m + 1 + tolerance
+        )
 
 
 @settings(max_examples=100, deadline=None, database=None)
@@ -101,25 +126,46 @@ def test_norm_is_sqrt_half_d(d_model: int, base: float, p: list[int], dtype: tor
     d_model=st.integers(1, 1024),
     base=bases,
     p=st.lists(st.integers(0, 2**40), min_size=1, max_size=16),
-    dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]),
+    dtype=st.sampled_from(
+        [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+    ),
     layout=st.sampled_from(["interleaved", "concat"]),
     schedule=schedules,
 )
 def test_values_are_in_minus_one_one(
-    d_model: int, base: float, p: list[int], dtype: torch.dtype, layout: str, schedule: str
+    d_model: int,
+    base: float,
+    p: list[int],
+    dtype: torch.dtype,
+    layout: str,
+    schedule: str,
 ) -> None:
     # exact: sines and cosines are in [-1, 1], and rounding to any float format cannot leave it, as +-1 are
     # representable
-    values = sinusoidal_encoding(torch.tensor(p), d_model, base=base, dtype=dtype, layout=layout, frequencies=schedule)
+    values = sinusoidal_encoding(
+        torch.tensor(p),
+        d_model,
+        base=base,
+        dtype=dtype,
+        layout=layout,
+        frequencies=schedule,
+    )
     assert values.abs().max().item() <= 1.0
     assert torch.isfinite(values).all()
 
 
-def distance_by_offset(n_positions: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+def distance_by_offset(
+    n_positions: int, d_model: int, base: float = 10000.0
+) -> torch.Tensor:
     """|PE[p] - PE[p+k]| = sqrt(2 sum_i (1 - cos(k w_i))) for k = 1..n_positions-1 (even d_model), float64."""
     omega = frequencies(d_model, base=base)
     k = torch.arange(1, n_positions, dtype=torch.float64)
-    return torch.cat([(2 * (1 - torch.cos(chunk[:, None] * omega)).sum(-1)).sqrt() for chunk in k.split(20_000)])
+    return torch.cat(
+        [
+            (2 * (1 - torch.cos(chunk[:, None] * omega)).sum(-1)).sqrt()
+            for chunk in k.split(20_000)
+        ]
+    )
 
 
 def test_distance_depends_on_the_offset_only_brute_force() -> None:
@@ -138,7 +184,10 @@ def test_minimum_distance_over_100000_positions() -> None:
     dist = distance_by_offset(100_000, 64)
     assert int(dist.argmin()) + 1 == 1
     omega = frequencies(64)
-    assert abs(dist.min().item() - math.sqrt(2 * (1 - torch.cos(omega)).sum().item())) <= 1e-12
+    assert (
+        abs(dist.min().item() - math.sqrt(2 * (1 - torch.cos(omega)).sum().item()))
+        <= 1e-12
+    )
     assert 1.4718 <= dist.min().item() <= 1.4719
     tiny = distance_by_offset(100_000, 2)
     assert int(tiny.argmin()) + 1 == 710 and tiny.min().item() < 1e-4

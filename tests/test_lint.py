@@ -10,11 +10,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which(
+    "ruff"
+)
 
 
 @pytest.mark.skipif(RUFF is None, reason="ruff is not installed in this environment")
 def test_ruff_check_is_clean() -> None:
-    targets = [p for p in ("posenc", "tests", "tools", "benchmarks", "book") if (ROOT / p).exists()]
-    result = subprocess.run([RUFF, "check", "--no-cache", *targets], cwd=ROOT, capture_output=True, text=True)
+    targets = [
+        p
+        for p in ("posenc", "tests", "tools", "benchmarks", "book")
+        if (ROOT / p).exists()
+    ]
+    result = subprocess.run(
+        [RUFF, "check", "--no-cache", *targets],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

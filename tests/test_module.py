@@ -8,7 +8,11 @@ import torch
 from torch import nn
 
 from posenc import PositionalEncoding, get_positional_encoding, sinusoidal_encoding
-from tests.classic import LabmlPositionalEncoding, SpotpythonPositionalEncoding, labml_get_positional_encoding
+from tests.classic import (
+    LabmlPositionalEncoding,
+    SpotpythonPositionalEncoding,
+    labml_get_positional_encoding,
+)
 from tests.test_precision import round_once as single_rounding
 
 
@@ -20,9 +24,13 @@ def _seed() -> None:
 # --- drop-in ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("classic_cls", [LabmlPositionalEncoding, SpotpythonPositionalEncoding])
+@pytest.mark.parametrize(
+    "classic_cls", [LabmlPositionalEncoding, SpotpythonPositionalEncoding]
+)
 @pytest.mark.parametrize("d_model", [2, 16, 512])
-def test_same_outputs_as_the_classic_modules_below_position_256(classic_cls: type[nn.Module], d_model: int) -> None:
+def test_same_outputs_as_the_classic_modules_below_position_256(
+    classic_cls: type[nn.Module], d_model: int
+) -> None:
     x = torch.randn(256, 3, d_model)
     classic = classic_cls(d_model, 0.1, max_len=300).eval()
     ours = PositionalEncoding(d_model, 0.1, max_len=300).eval()
@@ -38,7 +46,10 @@ def test_same_outputs_as_the_classic_modules_below_position_256(classic_cls: typ
 
 
 def test_same_table_as_labml_get_positional_encoding() -> None:
-    ours, classic = get_positional_encoding(64, 256), labml_get_positional_encoding(64, 256)
+    ours, classic = (
+        get_positional_encoding(64, 256),
+        labml_get_positional_encoding(64, 256),
+    )
     assert ours.shape == classic.shape == (256, 1, 64) and ours.dtype == torch.float32
     assert (ours - classic).abs().max() < 1e-5
     assert get_positional_encoding(64).shape == (5000, 1, 64)
@@ -74,7 +85,9 @@ def test_both_batch_layouts_agree_with_the_function(layout: str, schedule: str) 
     kwargs = {"layout": layout, "frequencies": schedule}
     table = sinusoidal_encoding(12, 10, **kwargs)
     seq_first = PositionalEncoding(10, **kwargs)(x)
-    batch_first = PositionalEncoding(10, batch_first=True, **kwargs)(x.transpose(0, 1).contiguous())
+    batch_first = PositionalEncoding(10, batch_first=True, **kwargs)(
+        x.transpose(0, 1).contiguous()
+    )
     assert torch.equal(seq_first, x + table.unsqueeze(1))
     assert torch.equal(batch_first.transpose(0, 1), seq_first)
 
@@ -86,7 +99,9 @@ def test_longer_than_max_len_is_computed_on_the_fly(batch_first: bool) -> None:
     table = sinusoidal_encoding(50, 8)
     expected = x + (table if batch_first else table.unsqueeze(1))
     assert torch.equal(module(x), expected)
-    assert all(table.shape[0] == 10 for table in module._tables.values()), "the cache never grows"
+    assert all(table.shape[0] == 10 for table in module._tables.values()), (
+        "the cache never grows"
+    )
     module(x[:5] if not batch_first else x[:, :5])
     assert all(table.shape[0] == 10 for table in module._tables.values())
 
@@ -97,7 +112,9 @@ def test_offset_decoding_equals_the_full_forward_bitwise(batch_first: bool) -> N
     seq_axis = 1 if batch_first else 0
     x = torch.randn(3, 30, 16) if batch_first else torch.randn(30, 3, 16)
     full = module(x)
-    steps = [module(x.narrow(seq_axis, t, 1), offset=t) for t in range(30)]  # crosses max_len at t = 20
+    steps = [
+        module(x.narrow(seq_axis, t, 1), offset=t) for t in range(30)
+    ]  # crosses max_len at t = 20
     assert torch.equal(torch.cat(steps, dim=seq_axis), full)
 
 
@@ -105,30 +122,46 @@ def test_explicit_positions_shared_and_per_sequence() -> None:
     x = torch.randn(5, 2, 8)  # [seq, batch, d]
     module = PositionalEncoding(8)
     shared = torch.tensor([4, 3, 2, 1, 0])
-    assert torch.equal(module(x, positions=shared), x + sinusoidal_encoding(shared, 8).unsqueeze(1))
-    per_sequence = torch.tensor([[0, 1, 2, 0, 1], [0, 0, 0, 1, 2]])  # [batch, seq]: packing and left padding
+    assert torch.equal(
+        module(x, positions=shared), x + sinusoidal_encoding(shared, 8).unsqueeze(1)
+    )
+    per_sequence = torch.tensor(
+        [[0, 1, 2, 0, 1], [0, 0, 0, 1, 2]]
+    )  # [batch, seq]: packing and left padding
     expected = x + sinusoidal_encoding(per_sequence, 8).transpose(0, 1)
     assert torch.equal(module(x, positions=per_sequence), expected)
     bf = PositionalEncoding(8, batch_first=True)
     xb = x.transpose(0, 1)
-    assert torch.equal(bf(xb, positions=per_sequence), xb + sinusoidal_encoding(per_sequence, 8))
-    assert torch.equal(module(x, positions=torch.arange(5)), module(x)), "arange positions == default"
+    assert torch.equal(
+        bf(xb, positions=per_sequence), xb + sinusoidal_encoding(per_sequence, 8)
+    )
+    assert torch.equal(module(x, positions=torch.arange(5)), module(x)), (
+        "arange positions == default"
+    )
 
 
 def test_positions_may_exceed_max_len_and_exclude_offset() -> None:
     module = PositionalEncoding(8, max_len=4)
     x = torch.zeros(3, 1, 8)
     positions = torch.tensor([100, 200, 10**6])
-    assert torch.equal(module(x, positions=positions), sinusoidal_encoding(positions, 8).unsqueeze(1))
-    with pytest.raises(ValueError, match=r"either offset or positions, not both \(got offset=7\)"):
+    assert torch.equal(
+        module(x, positions=positions), sinusoidal_encoding(positions, 8).unsqueeze(1)
+    )
+    with pytest.raises(
+        ValueError, match=r"either offset or positions, not both \(got offset=7\)"
+    ):
         module(x, positions=positions, offset=7)
 
 
 # --- dtypes, devices, dropout ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_output_follows_x_dtype_with_the_float64_value_rounded_once(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+)
+def test_output_follows_x_dtype_with_the_float64_value_rounded_once(
+    dtype: torch.dtype,
+) -> None:
     module = PositionalEncoding(64, max_len=100)
     x = torch.zeros(300, 2, 64, dtype=dtype)  # beyond max_len too
     out = module(x)
@@ -136,8 +169,13 @@ def test_output_follows_x_dtype_with_the_float64_value_rounded_once(dtype: torch
     exact = sinusoidal_encoding(300, 64, dtype=torch.float64).numpy()
     # single_rounding: float64 -> dtype in one step (torch's .to goes through float32 for half dtypes)
     expected = torch.from_numpy(single_rounding(exact, dtype)).to(dtype)
-    assert torch.equal(out[:, 0], expected), "angles never formed in half precision, rounded once"
-    assert torch.equal(module(x, offset=2000)[:, 1], sinusoidal_encoding(torch.arange(2000, 2300), 64, dtype=dtype))
+    assert torch.equal(out[:, 0], expected), (
+        "angles never formed in half precision, rounded once"
+    )
+    assert torch.equal(
+        module(x, offset=2000)[:, 1],
+        sinusoidal_encoding(torch.arange(2000, 2300), 64, dtype=dtype),
+    )
 
 
 def test_dropout_only_in_training() -> None:
@@ -146,7 +184,9 @@ def test_dropout_only_in_training() -> None:
     train = module.train()(x)
     assert (train == 0).float().mean().item() == pytest.approx(0.5, abs=0.05)
     nonzero = train != 0
-    assert torch.allclose(train[nonzero], (2 * (x + sinusoidal_encoding(64, 16).unsqueeze(1)))[nonzero])
+    assert torch.allclose(
+        train[nonzero], (2 * (x + sinusoidal_encoding(64, 16).unsqueeze(1)))[nonzero]
+    )
     assert torch.equal(module.eval()(x), x + sinusoidal_encoding(64, 16).unsqueeze(1))
 
 
@@ -167,20 +207,31 @@ def test_meta_device_shapes() -> None:
 def test_nothing_in_state_dict_or_buffers() -> None:
     module = PositionalEncoding(32, 0.1, max_len=100)
     module(torch.zeros(10, 1, 32))
-    assert list(module.state_dict()) == [] and list(module.buffers()) == [] and list(module.parameters()) == []
+    assert (
+        list(module.state_dict()) == []
+        and list(module.buffers()) == []
+        and list(module.parameters()) == []
+    )
 
 
 def test_one_cached_table_per_device_and_dtype() -> None:
     module = PositionalEncoding(8, max_len=16)
     for dtype in (torch.float32, torch.float32, torch.float64):
         module(torch.zeros(4, 1, 8, dtype=dtype))
-    assert set(module._tables) == {(torch.device("cpu"), torch.float32), (torch.device("cpu"), torch.float64)}
+    assert set(module._tables) == {
+        (torch.device("cpu"), torch.float32),
+        (torch.device("cpu"), torch.float64),
+    }
     assert module._tables[(torch.device("cpu"), torch.float32)].shape == (16, 1, 8)
-    module.to(torch.float64)  # no buffers: casting the module changes nothing, x's dtype decides
+    module.to(
+        torch.float64
+    )  # no buffers: casting the module changes nothing, x's dtype decides
     assert module(torch.zeros(4, 1, 8, dtype=torch.float16)).dtype == torch.float16
 
 
-@pytest.mark.parametrize("classic_cls", [LabmlPositionalEncoding, SpotpythonPositionalEncoding])
+@pytest.mark.parametrize(
+    "classic_cls", [LabmlPositionalEncoding, SpotpythonPositionalEncoding]
+)
 def test_classic_checkpoints_load_strictly(classic_cls: type[nn.Module]) -> None:
     class Model(nn.Module):
         def __init__(self, positional: nn.Module) -> None:
@@ -190,7 +241,9 @@ def test_classic_checkpoints_load_strictly(classic_cls: type[nn.Module]) -> None
 
     old = Model(classic_cls(16, 0.1, max_len=64))
     state = old.state_dict()
-    if classic_cls is LabmlPositionalEncoding:  # labml's buffer is non-persistent: add it as an old checkpoint might
+    if (
+        classic_cls is LabmlPositionalEncoding
+    ):  # labml's buffer is non-persistent: add it as an old checkpoint might
         state["pos.positional_encodings"] = old.pos.positional_encodings
     new = Model(PositionalEncoding(16, 0.1, max_len=10))
     result = new.load_state_dict(state, strict=True)
@@ -200,15 +253,24 @@ def test_classic_checkpoints_load_strictly(classic_cls: type[nn.Module]) -> None
 
 def test_classic_checkpoint_of_the_wrong_width_is_an_error() -> None:
     with pytest.raises(RuntimeError, match="width 8, this module has d_model=16"):
-        PositionalEncoding(16).load_state_dict(SpotpythonPositionalEncoding(8, 0.0, max_len=10).state_dict())
+        PositionalEncoding(16).load_state_dict(
+            SpotpythonPositionalEncoding(8, 0.0, max_len=10).state_dict()
+        )
 
 
 def test_a_posenc_checkpoint_loads_into_another_max_len() -> None:
-    saved = nn.Sequential(nn.Linear(8, 8), PositionalEncoding(8, max_len=5)).state_dict()
+    saved = nn.Sequential(
+        nn.Linear(8, 8), PositionalEncoding(8, max_len=5)
+    ).state_dict()
     target = nn.Sequential(nn.Linear(8, 8), PositionalEncoding(8, max_len=500))
     assert target.load_state_dict(saved, strict=True).missing_keys == []
 
 
 def test_repr_names_the_configuration() -> None:
     text = repr(PositionalEncoding(8, 0.1, 64, batch_first=True))
-    assert "d_model=8" in text and "max_len=64" in text and "batch_first=True" in text and "p=0.1" in text
+    assert (
+        "d_model=8" in text
+        and "max_len=64" in text
+        and "batch_first=True" in text
+        and "p=0.1" in text
+    )

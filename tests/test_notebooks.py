@@ -31,11 +31,15 @@ def test_notebooks_exist() -> None:
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_metadata_is_clean_and_cells_ran_in_order(path: Path) -> None:
     nb = json.loads(path.read_text())
-    assert set(nb["metadata"]) <= {"kernelspec", "language_info"}, f"{path.name}: run `make notebooks` to clean"
+    assert set(nb["metadata"]) <= {"kernelspec", "language_info"}, (
+        f"{path.name}: run `make notebooks` to clean"
+    )
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
     counts = []
     for cell in nb["cells"]:
-        assert set(cell.get("metadata", {})) <= {"tags"}, f"{path.name}: unexpected cell metadata {cell['metadata']}"
+        assert set(cell.get("metadata", {})) <= {"tags"}, (
+            f"{path.name}: unexpected cell metadata {cell['metadata']}"
+        )
         if cell["cell_type"] == "code":
             counts.append(cell["execution_count"])
             for output in cell["outputs"]:
@@ -44,7 +48,9 @@ def test_metadata_is_clean_and_cells_ran_in_order(path: Path) -> None:
                     and output["name"] == "stderr"
                     and "Warning" in "".join(output["text"])
                 ), f"{path.name}: a warning in the stored output; fix its cause"
-    assert counts == list(range(1, len(counts) + 1)), f"{path.name}: not executed top to bottom; run `make notebooks`"
+    assert counts == list(range(1, len(counts) + 1)), (
+        f"{path.name}: not executed top to bottom; run `make notebooks`"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -59,8 +65,14 @@ def test_ignored_outputs_say_why(path: Path) -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_each_chapter_opens_with_its_claim_and_ends_with_a_summary(path: Path) -> None:
-    markdown = [("".join(c["source"])) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
-    assert markdown and markdown[0].startswith("# ") and "**Claim.**" in markdown[0], path.name
+    markdown = [
+        ("".join(c["source"]))
+        for c in json.loads(path.read_text())["cells"]
+        if c["cell_type"] == "markdown"
+    ]
+    assert markdown and markdown[0].startswith("# ") and "**Claim.**" in markdown[0], (
+        path.name
+    )
     assert "## Summary" in markdown[-1] and "tests/" in markdown[-1], path.name
 
 
@@ -71,7 +83,9 @@ def test_every_notebook_is_in_the_table_of_contents(path: Path) -> None:
 
 def test_every_toc_entry_exists() -> None:
     for entry in _toc_files():
-        assert any((ROOT / f"{entry}{suffix}").exists() for suffix in (".md", ".ipynb")), entry
+        assert any(
+            (ROOT / f"{entry}{suffix}").exists() for suffix in (".md", ".ipynb")
+        ), entry
 
 
 def test_notebook_names_are_numbered_in_reading_order() -> None:
@@ -85,7 +99,9 @@ def test_book_configuration_is_offline_and_strict() -> None:
     assert {".venv*", "_build"} <= set(config["exclude_patterns"])
     assert config["execute"]["execute_notebooks"] == "off"
     sphinx = config["sphinx"]
-    extensions = sphinx.get("extra_extensions", []) + sphinx.get("config", {}).get("extensions", [])
+    extensions = sphinx.get("extra_extensions", []) + sphinx.get("config", {}).get(
+        "extensions", []
+    )
     assert "sphinx-mathjax-offline" in extensions, "MathJax must be served locally"
     assert "-W --keep-going" in (ROOT / "Makefile").read_text()
 

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from posenc import frequencies, offset_matrix, sinusoidal_encoding
 from posenc.offsets import _pair_channels
 
-U64 = 2.0**-53  # float64 unit roundoff: a correctly rounded result is within U64 * |x| of x
+U64 = (
+    2.0**-53
+)  # float64 unit roundoff: a correctly rounded result is within U64 * |x| of x
 U32 = 2.0**-24  # float32 unit roundoff
 
 d_models = st.integers(2, 1024)
@@ -24,7 +26,9 @@ offsets = st.integers(-(2**16), 2**16)
 layouts = st.sampled_from(["interleaved", "concat"])
 schedules = st.sampled_from(["paper", "tensor2tensor"])
 dtypes = st.sampled_from([torch.float32, torch.float64])
-SETTINGS = settings(max_examples=40, deadline=None, database=None)  # no .hypothesis/ written into the checkout
+SETTINGS = settings(
+    max_examples=40, deadline=None, database=None
+)  # no .hypothesis/ written into the checkout
 
 
 def angle_tolerance64(*magnitudes: float) -> float:
@@ -57,8 +61,24 @@ def paired_channels(d_model: int, layout: str, schedule: str) -> list[int]:
 
 
 @settings(max_examples=100, deadline=None, database=None)
-@given(d_model=d_models, base=bases, p=positions, k=offsets, layout=layouts, schedule=schedules, dtype=dtypes)
-def test_linearity(d_model: int, base: float, p: int, k: int, layout: str, schedule: str, dtype: torch.dtype) -> None:
+@given(
+    d_model=d_models,
+    base=bases,
+    p=positions,
+    k=offsets,
+    layout=layouts,
+    schedule=schedules,
+    dtype=dtypes,
+)
+def test_linearity(
+    d_model: int,
+    base: float,
+    p: int,
+    k: int,
+    layout: str,
+    schedule: str,
+    dtype: torch.dtype,
+) -> None:
     k = max(k, -p)  # positions are >= 0
     kwargs = {"base": base, "layout": layout, "frequencies": schedule}
     moved = offset_matrix(k, d_model, dtype=dtype, **kwargs) @ sinusoidal_encoding(
@@ -67,13 +87,25 @@ def test_linearity(d_model: int, base: float, p: int, k: int, layout: str, sched
     target = sinusoidal_encoding(torch.tensor(p + k), d_model, dtype=dtype, **kwargs)
     channels = paired_channels(d_model, layout, schedule)
     error = (moved - target)[channels].abs().max().item()
-    tolerance = angle_tolerance64(p, k, p + k) if dtype == torch.float64 else float32_linearity_tolerance(p, k)
+    tolerance = (
+        angle_tolerance64(p, k, p + k)
+        if dtype == torch.float64
+        else float32_linearity_tolerance(p, k)
+    )
     assert error <= tolerance, (error, tolerance)
 
 
 @settings(max_examples=30, deadline=None, database=None)
-@given(d_model=st.integers(1, 512).filter(lambda d: d % 2 == 1), base=bases, p=positions, k=offsets, layout=layouts)
-def test_odd_width_unpaired_sine_is_kept_within_k_omega(d_model: int, base: float, p: int, k: int, layout: str) -> None:
+@given(
+    d_model=st.integers(1, 512).filter(lambda d: d % 2 == 1),
+    base=bases,
+    p=positions,
+    k=offsets,
+    layout=layouts,
+)
+def test_odd_width_unpaired_sine_is_kept_within_k_omega(
+    d_model: int, base: float, p: int, k: int, layout: str
+) -> None:
     # With the paper schedule the unpaired channel sin(p w_u) is mapped by the identity; the error is
     # |sin((p+k) w_u) - sin(p w_u)| <= |k| w_u (sine is 1-Lipschitz), plus the angle rounding of both sides.
     k = max(k, -p)
@@ -81,9 +113,13 @@ def test_odd_width_unpaired_sine_is_kept_within_k_omega(d_model: int, base: floa
     moved = offset_matrix(k, d_model, base=base, layout=layout) @ sinusoidal_encoding(
         torch.tensor(p), d_model, base=base, dtype=torch.float64, layout=layout
     )
-    target = sinusoidal_encoding(torch.tensor(p + k), d_model, base=base, dtype=torch.float64, layout=layout)
+    target = sinusoidal_encoding(
+        torch.tensor(p + k), d_model, base=base, dtype=torch.float64, layout=layout
+    )
     omega_u = frequencies(d_model, base=base)[-1].item()
-    assert abs(moved[unpaired] - target[unpaired]).item() <= abs(k) * omega_u + angle_tolerance64(p, p + k)
+    assert abs(moved[unpaired] - target[unpaired]).item() <= abs(
+        k
+    ) * omega_u + angle_tolerance64(p, p + k)
 
 
 def test_tensor2tensor_odd_width_is_exact_on_every_channel() -> None:
@@ -94,15 +130,33 @@ def test_tensor2tensor_odd_width_is_exact_on_every_channel() -> None:
             kwargs = {"layout": layout, "frequencies": "tensor2tensor"}
             table = sinusoidal_encoding(p, d_model, dtype=torch.float64, **kwargs)
             moved = table @ offset_matrix(-500, d_model, **kwargs).T
-            target = sinusoidal_encoding((p - 500).clamp_min(0), d_model, dtype=torch.float64, **kwargs)
+            target = sinusoidal_encoding(
+                (p - 500).clamp_min(0), d_model, dtype=torch.float64, **kwargs
+            )
             ok = p >= 500
-            assert (moved[ok] - target[ok]).abs().max().item() <= angle_tolerance64(2**20, 500, 2**20)
+            assert (moved[ok] - target[ok]).abs().max().item() <= angle_tolerance64(
+                2**20, 500, 2**20
+            )
 
 
 @SETTINGS
-@given(d_model=d_models, base=bases, a=offsets, b=offsets, layout=layouts, schedule=schedules, dtype=dtypes)
+@given(
+    d_model=d_models,
+    base=bases,
+    a=offsets,
+    b=offsets,
+    layout=layouts,
+    schedule=schedules,
+    dtype=dtypes,
+)
 def test_group_structure(
-    d_model: int, base: float, a: int, b: int, layout: str, schedule: str, dtype: torch.dtype
+    d_model: int,
+    base: float,
+    a: int,
+    b: int,
+    layout: str,
+    schedule: str,
+    dtype: torch.dtype,
 ) -> None:
     kwargs = {"base": base, "layout": layout, "frequencies": schedule, "dtype": dtype}
     m_a, m_b = offset_matrix(a, d_model, **kwargs), offset_matrix(b, d_model, **kwargs)
@@ -111,7 +165,9 @@ def test_group_structure(
     # the entries are rounded once more and the product is float32: the linearity bound's float32 terms again.
     error = (m_a @ m_b - offset_matrix(a + b, d_model, **kwargs)).abs().max().item()
     float64 = dtype == torch.float64
-    assert error <= (angle_tolerance64(a, b, a + b) if float64 else float32_linearity_tolerance(a, b))
+    assert error <= (
+        angle_tolerance64(a, b, a + b) if float64 else float32_linearity_tolerance(a, b)
+    )
     # M_(-a) = M_a^T: fl(-a w) = -fl(a w) exactly; sin(-x) and -sin(x) are each within 1 ulp (<= 2 U64) of the
     # true value, so they differ by at most 4 U64 (0 where the library's sine is exactly odd); rounded to float32
     # (symmetrically, to nearest), two such values differ by at most one float32 ulp, <= 2^-24 for |v| <= 1.
@@ -122,12 +178,16 @@ def test_group_structure(
     # entries add 2 * 2^-25 (|c| + |s|) <= 2 sqrt(2) 2^-25, and the float32 arithmetic 3 U32.
     eye = torch.eye(d_model, dtype=dtype)
     orthogonality = (m_a.T @ m_a - eye).abs().max().item()
-    assert orthogonality <= (16 * U64 if float64 else 2 * math.sqrt(2) * 2**-25 + 3 * U32 + 16 * U64)
+    assert orthogonality <= (
+        16 * U64 if float64 else 2 * math.sqrt(2) * 2**-25 + 3 * U32 + 16 * U64
+    )
 
 
 @settings(max_examples=20, deadline=None, database=None)
 @given(d_model=d_models, base=bases, layout=layouts, schedule=schedules)
-def test_zero_offset_is_the_identity(d_model: int, base: float, layout: str, schedule: str) -> None:
+def test_zero_offset_is_the_identity(
+    d_model: int, base: float, layout: str, schedule: str
+) -> None:
     # cos(0) = 1 and sin(0) = 0 exactly in every math library
     m_0 = offset_matrix(0, d_model, base=base, layout=layout, frequencies=schedule)
     assert torch.equal(m_0, torch.eye(d_model, dtype=torch.float64))
@@ -138,7 +198,10 @@ def test_ten_thousand_random_offsets_float64() -> None:
     gen = torch.Generator().manual_seed(1)
     p = torch.randint(0, 2**20, (10_000,), generator=gen)
     k = torch.maximum(torch.randint(-(2**16) + 1, 2**16, (10_000,), generator=gen), -p)
-    moved = (offset_matrix(k, 16) @ sinusoidal_encoding(p, 16, dtype=torch.float64)[..., None]).squeeze(-1)
+    moved = (
+        offset_matrix(k, 16)
+        @ sinusoidal_encoding(p, 16, dtype=torch.float64)[..., None]
+    ).squeeze(-1)
     error = (moved - sinusoidal_encoding(p + k, 16, dtype=torch.float64)).abs().amax(-1)
     bound = U64 * (p + k.abs() + (p + k)).double() + 16 * U64
     assert bool((error <= bound).all())
@@ -150,15 +213,24 @@ def test_block_structure_and_defaults() -> None:
     omega = frequencies(4, base=100.0)
     c, s = torch.cos(omega), torch.sin(omega)
     expected = torch.tensor(
-        [[c[0], s[0], 0, 0], [-s[0], c[0], 0, 0], [0, 0, c[1], s[1]], [0, 0, -s[1], c[1]]], dtype=torch.float64
+        [
+            [c[0], s[0], 0, 0],
+            [-s[0], c[0], 0, 0],
+            [0, 0, c[1], s[1]],
+            [0, 0, -s[1], c[1]],
+        ],
+        dtype=torch.float64,
     )
     assert torch.equal(m, expected)
     assert torch.equal(
-        offset_matrix(5, 6), offset_matrix(5, 6, base=10000.0, layout="interleaved", frequencies="paper")
+        offset_matrix(5, 6),
+        offset_matrix(5, 6, base=10000.0, layout="interleaved", frequencies="paper"),
     )
     # concat layout: the same blocks at channels (i, d/2 + i)
     mc = offset_matrix(1, 4, base=100.0, layout="concat")
-    assert mc[0, 0] == c[0] and mc[0, 2] == s[0] and mc[2, 0] == -s[0] and mc[1, 3] == s[1]
+    assert (
+        mc[0, 0] == c[0] and mc[0, 2] == s[0] and mc[2, 0] == -s[0] and mc[1, 3] == s[1]
+    )
 
 
 def test_shapes_dtypes_devices() -> None:
@@ -171,7 +243,9 @@ def test_shapes_dtypes_devices() -> None:
     assert offset_matrix(torch.tensor(4), 6).shape == (6, 6)
     assert offset_matrix(torch.tensor([], dtype=torch.long), 4).shape == (0, 4, 4)
     assert offset_matrix(2, 4, device="cpu").device.type == "cpu"
-    assert torch.equal(offset_matrix(torch.tensor(7, dtype=torch.int32), 4), offset_matrix(7, 4))
+    assert torch.equal(
+        offset_matrix(torch.tensor(7, dtype=torch.int32), 4), offset_matrix(7, 4)
+    )
 
 
 @pytest.mark.parametrize(
@@ -188,7 +262,9 @@ def test_shapes_dtypes_devices() -> None:
         ({"offset": 1, "dtype": torch.int64}, TypeError, "dtype"),
     ],
 )
-def test_argument_errors_name_the_argument(kwargs: dict, error: type, names: str) -> None:
+def test_argument_errors_name_the_argument(
+    kwargs: dict, error: type, names: str
+) -> None:
     kwargs = {"d_model": 8, **kwargs}
     with pytest.raises(error, match=names):
         offset_matrix(**kwargs)

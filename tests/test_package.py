@@ -52,7 +52,9 @@ def test_wheel_installs_into_a_clean_venv_and_imports(tmp_path: Path) -> None:
     )  # fmt: skip
     # torch is not re-installed: a .pth line points at this environment's site-packages (a plain path line
     # does not run that directory's .pth files, so the editable install of posenc stays invisible).
-    (Path(site) / "torch_from_host.pth").write_text(str(Path(torch.__file__).parent.parent) + "\n")
+    (Path(site) / "torch_from_host.pth").write_text(
+        str(Path(torch.__file__).parent.parent) + "\n"
+    )
     script = (
         "import posenc, torch, pathlib; "
         "assert 'clean-venv' in posenc.__file__, posenc.__file__; "
@@ -61,6 +63,8 @@ def test_wheel_installs_into_a_clean_venv_and_imports(tmp_path: Path) -> None:
         "assert not (pathlib.Path(posenc.__file__).parent.parent / 'book').exists(); "
         "print(posenc.__file__)"
     )
-    result = subprocess.run([python, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    result = subprocess.run(
+        [python, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert sysconfig.get_paths()["purelib"] != site

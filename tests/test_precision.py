@@ -34,7 +34,10 @@ HALF = (torch.float16, torch.bfloat16)
 #   float16:  p=35, channel 242: 0.4351806661751879 -> 0.43505859375 instead of 0.435302734375
 #   bfloat16: p=45, channel 111: 0.9980468683113846 -> 1.0 instead of 0.99609375
 # posenc rounds to float32 *to odd* first (book/01_derivation.ipynb, `_round_once`); these are regression tests.
-KNOWN_DOUBLE_ROUNDING = {torch.float16: (35, 242, 0.435302734375), torch.bfloat16: (45, 111, 0.99609375)}
+KNOWN_DOUBLE_ROUNDING = {
+    torch.float16: (35, 242, 0.435302734375),
+    torch.bfloat16: (45, 111, 0.99609375),
+}
 
 
 def half_params() -> list:
@@ -52,7 +55,9 @@ def dtype_id(value: object) -> str | None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def numpy_omega(d_model: int, base: float = 10000.0, schedule: str = "paper") -> np.ndarray:
+def numpy_omega(
+    d_model: int, base: float = 10000.0, schedule: str = "paper"
+) -> np.ndarray:
     """The frequencies in NumPy float64: [ceil(d_model / 2)]."""
     i = np.arange((d_model + 1) // 2, dtype=np.float64)
     if schedule == "paper":
@@ -65,13 +70,22 @@ def numpy_omega(d_model: int, base: float = 10000.0, schedule: str = "paper") ->
 
 
 def numpy_encoding(
-    positions: np.ndarray, d_model: int, *, base: float = 10000.0, layout: str = "interleaved", schedule: str = "paper"
+    positions: np.ndarray,
+    d_model: int,
+    *,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    schedule: str = "paper",
 ) -> np.ndarray:
     """The encoding in NumPy float64: [*positions.shape, d_model]."""
-    angle = np.asarray(positions, dtype=np.float64)[..., None] * numpy_omega(d_model, base, schedule)
+    angle = np.asarray(positions, dtype=np.float64)[..., None] * numpy_omega(
+        d_model, base, schedule
+    )
     sin, cos = np.sin(angle), np.cos(angle)
     if layout == "interleaved":
-        return np.stack([sin, cos], axis=-1).reshape(*angle.shape[:-1], -1)[..., :d_model]
+        return np.stack([sin, cos], axis=-1).reshape(*angle.shape[:-1], -1)[
+            ..., :d_model
+        ]
     if schedule == "tensor2tensor" and d_model % 2:
         return np.concatenate([sin[..., :-1], cos[..., :-1], sin[..., -1:]], axis=-1)
     return np.concatenate([sin, cos[..., : d_model // 2]], axis=-1)
@@ -80,8 +94,14 @@ def numpy_encoding(
 def exact_encoding(positions: list[int], d_model: int, base: int = 10000) -> np.ndarray:
     """The paper's encoding evaluated with 40 significant digits (mpmath), rounded to float64: [n, d_model]."""
     with mpmath.workdps(40):
-        omega = [mpmath.power(base, mpmath.mpf(-2 * i) / d_model) for i in range((d_model + 1) // 2)]
-        rows = [[f(p * w) for w in omega for f in (mpmath.sin, mpmath.cos)][:d_model] for p in positions]
+        omega = [
+            mpmath.power(base, mpmath.mpf(-2 * i) / d_model)
+            for i in range((d_model + 1) // 2)
+        ]
+        rows = [
+            [f(p * w) for w in omega for f in (mpmath.sin, mpmath.cos)][:d_model]
+            for p in positions
+        ]
     return np.array(rows, dtype=np.float64)
 
 
@@ -100,7 +120,9 @@ def bfloat16_round_once(x: np.ndarray) -> np.ndarray:
 def round_once(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     """float64 values rounded once to ``dtype`` (as float64 values)."""
     if dtype == torch.float16:
-        return x.astype(np.float16).astype(np.float64)  # NumPy converts float64 -> float16 directly
+        return x.astype(np.float16).astype(
+            np.float64
+        )  # NumPy converts float64 -> float16 directly
     if dtype == torch.bfloat16:
         return bfloat16_round_once(x)
     return torch.from_numpy(x).to(dtype).double().numpy()
@@ -108,12 +130,23 @@ def round_once(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
 
 def half_ulp(x: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     """Half a unit in the last place of ``dtype`` at |x| (float16 subnormals included)."""
-    mantissa_bits, min_exp = {torch.float16: (10, -14), torch.bfloat16: (7, -126), torch.float32: (23, -126)}[dtype]
+    mantissa_bits, min_exp = {
+        torch.float16: (10, -14),
+        torch.bfloat16: (7, -126),
+        torch.float32: (23, -126),
+    }[dtype]
     _, e = np.frexp(np.abs(x))  # |x| = m * 2**e, m in [0.5, 1)
     return np.ldexp(0.5, np.maximum(e - 1, min_exp) - mantissa_bits)
 
 
-def check(got: torch.Tensor, positions: np.ndarray, d_model: int, *, once: bool = False, **kwargs: str) -> None:
+def check(
+    got: torch.Tensor,
+    positions: np.ndarray,
+    d_model: int,
+    *,
+    once: bool = False,
+    **kwargs: str,
+) -> None:
     """Assert the precision contract of ``got`` ([*positions.shape, d_model], any dtype) against NumPy.
 
     float32: within FLOAT32_BOUND; float64: within 2**-50 * p. Half dtypes: within half a unit of the dtype plus
@@ -121,7 +154,9 @@ def check(got: torch.Tensor, positions: np.ndarray, d_model: int, *, once: bool 
     single rounding of posenc's float64 output (which must itself be within 2**-50 * p of NumPy).
     """
     reference = numpy_encoding(positions, d_model, **kwargs)
-    scale = 2.0**-50 * np.maximum(np.asarray(positions, dtype=np.float64), 1.0)[..., None]
+    scale = (
+        2.0**-50 * np.maximum(np.asarray(positions, dtype=np.float64), 1.0)[..., None]
+    )
     value = got.cpu().double().numpy()
     if got.dtype == torch.float32:
         err = np.abs(value - reference).max()
@@ -131,8 +166,16 @@ def check(got: torch.Tensor, positions: np.ndarray, d_model: int, *, once: bool 
         assert excess <= 0, f"float64 error exceeds 2**-50 * p by {excess:.3e}"
     elif once:
         positions_t = torch.as_tensor(positions, device=got.device)
-        as_float64 = sinusoidal_encoding(positions_t, d_model, dtype=torch.float64, **_api(kwargs)).cpu().numpy()
-        assert (np.abs(as_float64 - reference) - scale).max() <= 0, "posenc's float64 output is off"
+        as_float64 = (
+            sinusoidal_encoding(
+                positions_t, d_model, dtype=torch.float64, **_api(kwargs)
+            )
+            .cpu()
+            .numpy()
+        )
+        assert (np.abs(as_float64 - reference) - scale).max() <= 0, (
+            "posenc's float64 output is off"
+        )
         want = round_once(as_float64, got.dtype)
         bad = np.argwhere(value != want)
         first = tuple(int(i) for i in bad[0]) if len(bad) else ()
@@ -142,9 +185,13 @@ def check(got: torch.Tensor, positions: np.ndarray, d_model: int, *, once: bool 
             f"rounded once {float(want[first])!r}"
         )
     else:
-        allowed = half_ulp(reference, got.dtype) + half_ulp(reference, torch.float32) + scale
+        allowed = (
+            half_ulp(reference, got.dtype) + half_ulp(reference, torch.float32) + scale
+        )
         excess = (np.abs(value - reference) - allowed).max()
-        assert excess <= 0, f"{got.dtype} error exceeds half a unit (+ float32 rounding) by {excess:.3e}"
+        assert excess <= 0, (
+            f"{got.dtype} error exceeds half a unit (+ float32 rounding) by {excess:.3e}"
+        )
 
 
 def _api(kwargs: dict[str, str]) -> dict[str, str]:
@@ -165,7 +212,10 @@ def test_references_agree_with_exact_values_and_torch_conversions() -> None:
     scales = 2.0 ** torch.arange(-40, 10).repeat(2000)
     values = torch.randn(100_000, generator=torch.Generator().manual_seed(0)) * scales
     for dtype in HALF:
-        assert np.array_equal(round_once(values.double().numpy(), dtype), values.to(dtype).double().numpy())
+        assert np.array_equal(
+            round_once(values.double().numpy(), dtype),
+            values.to(dtype).double().numpy(),
+        )
     # a float64 value just above a float16 midpoint: float32 would round it onto the midpoint, a tie
     above_midpoint = np.array([1 + 2**-11 + 2**-40, 1 + 2**-8 + 2**-40])
     assert round_once(above_midpoint[:1], torch.float16)[0] == 1 + 2**-10
@@ -186,8 +236,12 @@ def test_float32_every_position_below_2_to_20(d_model: int) -> None:
     for start in range(0, 2**20, chunk):
         positions = np.arange(start, start + chunk)
         got = sinusoidal_encoding(torch.from_numpy(positions), d_model).numpy()
-        worst = max(worst, float(np.abs(got - numpy_encoding(positions, d_model)).max()))
-    assert worst <= FLOAT32_BOUND, f"d_model={d_model}: worst float32 error {worst:.3e} below 2**20"
+        worst = max(
+            worst, float(np.abs(got - numpy_encoding(positions, d_model)).max())
+        )
+    assert worst <= FLOAT32_BOUND, (
+        f"d_model={d_model}: worst float32 error {worst:.3e} below 2**20"
+    )
 
 
 def test_float32_d_model_512_windows() -> None:
@@ -204,7 +258,11 @@ def test_float32_d_model_512_windows() -> None:
 def test_sampled_positions_up_to_2_to_24(d_model: int, dtype: torch.dtype) -> None:
     rng = np.random.default_rng(d_model)
     positions = np.concatenate([rng.integers(0, 2**24, 2000), [0, 1, 2**24 - 1]])
-    check(sinusoidal_encoding(torch.from_numpy(positions), d_model, dtype=dtype), positions, d_model)
+    check(
+        sinusoidal_encoding(torch.from_numpy(positions), d_model, dtype=dtype),
+        positions,
+        d_model,
+    )
 
 
 VARIANTS = [("concat", "paper", 10000.0), ("concat", "tensor2tensor", 10000.0),
@@ -213,10 +271,18 @@ VARIANTS = [("concat", "paper", 10000.0), ("concat", "tensor2tensor", 10000.0),
 
 @pytest.mark.parametrize(("layout", "schedule", "base"), VARIANTS)
 @pytest.mark.parametrize("d_model", [9, 256])
-def test_float32_layouts_schedules_and_bases(layout: str, schedule: str, base: float, d_model: int) -> None:
+def test_float32_layouts_schedules_and_bases(
+    layout: str, schedule: str, base: float, d_model: int
+) -> None:
     rng = np.random.default_rng(1)
     positions = np.concatenate([np.arange(4096), rng.integers(0, 2**24, 2000)])
-    got = sinusoidal_encoding(torch.from_numpy(positions), d_model, base=base, layout=layout, frequencies=schedule)
+    got = sinusoidal_encoding(
+        torch.from_numpy(positions),
+        d_model,
+        base=base,
+        layout=layout,
+        frequencies=schedule,
+    )
     check(got, positions, d_model, base=base, layout=layout, schedule=schedule)
 
 
@@ -225,9 +291,16 @@ def test_exact_values_near_2_to_24() -> None:
     rng = np.random.default_rng(2)
     positions = [*rng.integers(2**23, 2**24, 12).tolist(), 2**24 - 1, 4974, 35]
     exact = exact_encoding(positions, 512)
-    as_float64 = sinusoidal_encoding(torch.tensor(positions), 512, dtype=torch.float64).numpy()
-    assert (np.abs(as_float64 - exact) - 2.0**-50 * np.array(positions)[:, None]).max() <= 0
-    assert np.abs(sinusoidal_encoding(torch.tensor(positions), 512).numpy() - exact).max() <= FLOAT32_BOUND
+    as_float64 = sinusoidal_encoding(
+        torch.tensor(positions), 512, dtype=torch.float64
+    ).numpy()
+    assert (
+        np.abs(as_float64 - exact) - 2.0**-50 * np.array(positions)[:, None]
+    ).max() <= 0
+    assert (
+        np.abs(sinusoidal_encoding(torch.tensor(positions), 512).numpy() - exact).max()
+        <= FLOAT32_BOUND
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -242,27 +315,45 @@ HALF_CASES = [(64, np.arange(2**16)), (512, np.arange(2**12)), (7, np.arange(2**
 def test_half_within_one_rounding(dtype: torch.dtype) -> None:
     """Holds now and after the fix: within half a unit of the dtype (+ half a float32 unit)."""
     for d_model, positions in HALF_CASES:
-        check(sinusoidal_encoding(torch.from_numpy(positions), d_model, dtype=dtype), positions, d_model)
+        check(
+            sinusoidal_encoding(torch.from_numpy(positions), d_model, dtype=dtype),
+            positions,
+            d_model,
+        )
 
 
 @pytest.mark.parametrize("dtype", half_params())
 def test_half_rounded_once(dtype: torch.dtype) -> None:
     """The goal: the float64 value rounded once, at every position (sweeps and samples up to 2**24)."""
     for d_model, positions in HALF_CASES:
-        check(sinusoidal_encoding(torch.from_numpy(positions), d_model, dtype=dtype), positions, d_model, once=True)
+        check(
+            sinusoidal_encoding(torch.from_numpy(positions), d_model, dtype=dtype),
+            positions,
+            d_model,
+            once=True,
+        )
 
 
 @pytest.mark.parametrize("dtype", half_params())
 def test_half_known_double_rounding_input(dtype: torch.dtype) -> None:
     p, channel, rounded_once = KNOWN_DOUBLE_ROUNDING[dtype]
-    assert sinusoidal_encoding(p + 1, 512, dtype=dtype)[p, channel].item() == rounded_once
+    assert (
+        sinusoidal_encoding(p + 1, 512, dtype=dtype)[p, channel].item() == rounded_once
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The module: cached rows, offsets inside and past the cache, explicit positions
 # ----------------------------------------------------------------------------------------------------------
 
-PATHS = ["cached", "offset_in_cache", "offset_past_cache", "explicit_1d", "explicit_2d", "explicit_near_2_24"]
+PATHS = [
+    "cached",
+    "offset_in_cache",
+    "offset_past_cache",
+    "explicit_1d",
+    "explicit_2d",
+    "explicit_near_2_24",
+]
 
 
 def module_output(
@@ -284,11 +375,15 @@ def module_output(
     elif path == "explicit_2d":
         positions = torch.stack([torch.arange(300), torch.arange(300) * 97 + 5000])
     elif path == "explicit_near_2_24":
-        positions = torch.cat([torch.tensor([35, 45]), 2**24 - 1 - torch.arange(298) * 4099])
+        positions = torch.cat(
+            [torch.tensor([35, 45]), 2**24 - 1 - torch.arange(298) * 4099]
+        )
     module = PositionalEncoding(512, max_len=max_len, batch_first=batch_first)
     shape = (batch, seq_len, 512) if batch_first else (seq_len, batch, 512)
     x = torch.zeros(shape, dtype=dtype, device=device)
-    out = module(x, offset=offset, positions=None if positions is None else positions.to(device))
+    out = module(
+        x, offset=offset, positions=None if positions is None else positions.to(device)
+    )
     out = out if batch_first else out.transpose(0, 1)
     if positions is None:
         positions = torch.arange(offset, offset + seq_len)
@@ -317,7 +412,9 @@ def test_module_under_torch_compile() -> None:
     x = torch.zeros(300, 2, 512, dtype=torch.float16)
     out = torch.compile(module, dynamic=False)(x, offset=20)
     assert torch.equal(out, module(x, offset=20))
-    check(out.transpose(0, 1), np.broadcast_to(np.arange(20, 320), (2, 300)).copy(), 512)
+    check(
+        out.transpose(0, 1), np.broadcast_to(np.arange(20, 320), (2, 300)).copy(), 512
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -333,7 +430,9 @@ def test_cuda_float32_every_position_below_2_to_20() -> None:
     for start in range(0, 2**20, 2**14):
         positions = torch.arange(start, start + 2**14, device="cuda")
         angle = positions.double()[:, None] * omega
-        reference = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).flatten(-2)
+        reference = torch.stack([torch.sin(angle), torch.cos(angle)], dim=-1).flatten(
+            -2
+        )
         got = sinusoidal_encoding(positions, 512)
         assert got.device.type == "cuda"
         worst = max(worst, (got.double() - reference).abs().max().item())
@@ -344,21 +443,29 @@ def test_cuda_float32_every_position_below_2_to_20() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, *HALF], ids=dtype_id)
 @pytest.mark.parametrize("d_model", [7, 512])
 def test_cuda_sampled_positions_up_to_2_to_24(dtype: torch.dtype, d_model: int) -> None:
-    positions = np.concatenate([np.arange(4096), np.random.default_rng(4).integers(0, 2**24, 4000)])
-    check(sinusoidal_encoding(torch.from_numpy(positions).cuda(), d_model, dtype=dtype), positions, d_model)
+    positions = np.concatenate(
+        [np.arange(4096), np.random.default_rng(4).integers(0, 2**24, 4000)]
+    )
+    check(
+        sinusoidal_encoding(torch.from_numpy(positions).cuda(), d_model, dtype=dtype),
+        positions,
+        d_model,
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "dtype",
-    [
-        pytest.param(dtype, id=dtype_id(dtype))
-        for dtype in HALF
-    ],
+    [pytest.param(dtype, id=dtype_id(dtype)) for dtype in HALF],
 )
 def test_cuda_half_rounded_once(dtype: torch.dtype) -> None:
     positions = np.arange(2**14)
-    check(sinusoidal_encoding(torch.from_numpy(positions).cuda(), 512, dtype=dtype), positions, 512, once=True)
+    check(
+        sinusoidal_encoding(torch.from_numpy(positions).cuda(), 512, dtype=dtype),
+        positions,
+        512,
+        once=True,
+    )
 
 
 @pytest.mark.gpu
@@ -374,4 +481,6 @@ def test_bound_is_two_float32_rounding_steps() -> None:
     """The constants used above: 6e-8 is just over 2**-24, one float32 unit in [0.5, 1), two half-units."""
     assert 2.0**-24 < FLOAT32_BOUND < 2.0**-24 * 1.01
     assert math.isclose(half_ulp(np.array([0.75]), torch.float32)[0], 2.0**-25)
-    assert half_ulp(np.array([1e-6]), torch.float16)[0] == 2.0**-25  # float16 subnormal spacing 2**-24
+    assert (
+        half_ulp(np.array([1e-6]), torch.float16)[0] == 2.0**-25
+    )  # float16 subnormal spacing 2**-24

@@ -29,6 +29,8 @@ class PosencStyle(PlainStyle):
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
-    register_plugin("pybtex.style.sorting", "posenc_author_year_title", BraceBlindSorting)
+    register_plugin(
+        "pybtex.style.sorting", "posenc_author_year_title", BraceBlindSorting
+    )
     register_plugin("pybtex.style.formatting", "posenc", PosencStyle)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -26,7 +26,9 @@ def dollars_to_math_role(text: str) -> str:
     return "".join(parts)
 
 
-def convert_docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+def convert_docstring(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]
+) -> None:
     """autodoc-process-docstring handler: rewrite the docstring's lines in place."""
     text = "\n".join(lines)
     if "$" not in text:

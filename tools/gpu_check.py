@@ -45,16 +45,41 @@ def run_tests() -> dict[str, object]:
     """``python3 -m pytest -m gpu tests/``, summarised from its JUnit report."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/", "-q", "-rfEs", "-p", "no:cacheprovider"]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "gpu",
+            "tests/",
+            "-q",
+            "-rfEs",
+            "-p",
+            "no:cacheprovider",
+        ]
         command += ["--continue-on-collection-errors", f"--junitxml={report}"]
         start = time.perf_counter()
         try:
             proc = subprocess.run(
-                command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=PYTEST_TIMEOUT_S
+                command,
+                cwd=ROOT,
+                env=_env(),
+                capture_output=True,
+                text=True,
+                timeout=PYTEST_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired as error:
-            out = (error.stdout or b"").decode() if isinstance(error.stdout, bytes) else (error.stdout or "")
-            return {"command": " ".join(command[1:]), "timed_out": True, "output_tail": _tail(out), "ok": False}
+            out = (
+                (error.stdout or b"").decode()
+                if isinstance(error.stdout, bytes)
+                else (error.stdout or "")
+            )
+            return {
+                "command": " ".join(command[1:]),
+                "timed_out": True,
+                "output_tail": _tail(out),
+                "ok": False,
+            }
         summary: dict[str, object] = {
             "command": "python3 " + " ".join(command[1:-1]),
             "exit_status": proc.returncode,
@@ -70,12 +95,20 @@ def run_tests() -> dict[str, object]:
         failed = [c for c in cases if c.find("failure") is not None]
         errors = [c for c in cases if c.find("error") is not None]
         skipped = [c for c in cases if c.find("skipped") is not None]
-        collection = [c for c in errors if "collection failure" in (c.find("error").get("message") or "")]
+        collection = [
+            c
+            for c in errors
+            if "collection failure" in (c.find("error").get("message") or "")
+        ]
         summary.update(
             tests=len(cases) - len(collection),
             passed=len(cases) - len(failed) - len(errors) - len(skipped),
             failed=[f"{c.get('classname')}::{c.get('name')}" for c in failed],
-            errors=[f"{c.get('classname')}::{c.get('name')}" for c in errors if c not in collection],
+            errors=[
+                f"{c.get('classname')}::{c.get('name')}"
+                for c in errors
+                if c not in collection
+            ],
             skipped=len(skipped),
             # test modules that could not be imported here (e.g. a package this machine lacks): their gpu tests,
             # if any, did not run
@@ -86,11 +119,25 @@ def run_tests() -> dict[str, object]:
 
 
 def run_benchmark(out: Path) -> dict[str, object]:
-    command = [sys.executable, "benchmarks/bench.py", "--device", "cuda", "--out", str(out)]
+    command = [
+        sys.executable,
+        "benchmarks/bench.py",
+        "--device",
+        "cuda",
+        "--out",
+        str(out),
+    ]
     command += ["--seconds", "3", "--block-ms", "1", "--budget-s", str(BENCH_BUDGET_S)]
     start = time.perf_counter()
     try:
-        proc = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)
+        proc = subprocess.run(
+            command,
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=BENCH_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"the benchmark ran past {BENCH_TIMEOUT_S} s"}
     result: dict[str, object] = {
@@ -106,23 +153,35 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu-check: CUDA is not available (torch.cuda.is_available() is False); nothing run, nothing written.")
+        print(
+            "gpu-check: CUDA is not available (torch.cuda.is_available() is False); nothing run, nothing written."
+        )
         return 2
-    print(f"gpu-check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    print(
+        f"gpu-check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}"
+    )
     tests = run_tests()
     print(tests["output_tail"])
     with tempfile.TemporaryDirectory() as tmp:
         bench_file = Path(tmp) / "bench.json"
         bench = run_benchmark(bench_file)
         print(bench.get("output_tail", bench.get("error", "")))
-        record = json.loads(bench_file.read_text()) if bench_file.exists() else {"results": [], "goals": []}
+        record = (
+            json.loads(bench_file.read_text())
+            if bench_file.exists()
+            else {"results": [], "goals": []}
+        )
     now = dt.datetime.now(dt.timezone.utc)
     record.setdefault("date", now.date().isoformat())
     record.setdefault("datetime_utc", now.isoformat(timespec="seconds"))
     record.setdefault("device", "cuda")
     record.setdefault(
         "machine",
-        {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda},
+        {
+            "gpu": torch.cuda.get_device_name(0),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        },
     )
     record["tests"] = tests
     record["benchmark_run"] = {k: v for k, v in bench.items() if k != "output_tail"}
@@ -131,9 +190,14 @@ def main() -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     ok = bool(tests.get("ok")) and bool(bench.get("ok"))
-    print(f"wrote {path.relative_to(ROOT)} in {record['gpu_check_wall_s']} s: {'OK' if ok else 'FAILED'}")
+    print(
+        f"wrote {path.relative_to(ROOT)} in {record['gpu_check_wall_s']} s: {'OK' if ok else 'FAILED'}"
+    )
     if tests.get("collection_errors"):
-        print("note: test modules not importable here (their gpu tests did not run):", tests["collection_errors"])
+        print(
+            "note: test modules not importable here (their gpu tests did not run):",
+            tests["collection_errors"],
+        )
     return 0 if ok else 1
 
 

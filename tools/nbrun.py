@@ -24,14 +24,20 @@ def clean(nb: nbformat.NotebookNode) -> None:
     """Reduce metadata to what is needed and renumber executions (in place)."""
     nb.metadata = nbformat.from_dict(
         {
-            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "kernelspec": {
+                "display_name": "Python 3",
+                "language": "python",
+                "name": "python3",
+            },
             "language_info": {"name": "python"},
         }
     )
     nb.nbformat, nb.nbformat_minor = 4, 5
     count = 0
     for index, cell in enumerate(nb.cells):
-        cell.metadata = nbformat.from_dict({k: v for k, v in cell.metadata.items() if k in KEEP_CELL_METADATA})
+        cell.metadata = nbformat.from_dict(
+            {k: v for k, v in cell.metadata.items() if k in KEEP_CELL_METADATA}
+        )
         cell.id = f"cell-{index:03d}"
         if cell.cell_type == "code":
             count += 1
@@ -66,10 +72,17 @@ def run(path: Path) -> None:
     start = time.perf_counter()
     env_cwd = str(path.parent)
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": env_cwd}}).execute()
+    NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": env_cwd}},
+    ).execute()
     clean(nb)
     nbformat.write(nb, path)
-    print(f"executed {path.relative_to(ROOT).as_posix()} in {time.perf_counter() - start:.1f} s")
+    print(
+        f"executed {path.relative_to(ROOT).as_posix()} in {time.perf_counter() - start:.1f} s"
+    )
 
 
 def main(argv: list[str]) -> int:

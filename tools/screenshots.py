@@ -69,15 +69,39 @@ def shoot(context: Any, url: str, stem: Path, tiles: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--book", type=Path, default=None, help="built HTML (default: $POSENC_BOOK_HTML or _build/html)"
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, default=Path("/tmp/posenc-screenshots"), help="folder for the PNGs")
-    parser.add_argument("--pages", nargs="*", default=None, help="docnames (default: every page of _toc.yml)")
-    parser.add_argument("--tiles", action="store_true", help="also save one PNG per screen")
-    parser.add_argument("--modes", nargs="*", default=["light", "dark"], choices=["light", "dark"])
-    parser.add_argument("--widths", nargs="*", default=["desktop", "phone"], choices=["desktop", "phone"])
+    parser.add_argument(
+        "--book",
+        type=Path,
+        default=None,
+        help="built HTML (default: $POSENC_BOOK_HTML or _build/html)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("/tmp/posenc-screenshots"),
+        help="folder for the PNGs",
+    )
+    parser.add_argument(
+        "--pages",
+        nargs="*",
+        default=None,
+        help="docnames (default: every page of _toc.yml)",
+    )
+    parser.add_argument(
+        "--tiles", action="store_true", help="also save one PNG per screen"
+    )
+    parser.add_argument(
+        "--modes", nargs="*", default=["light", "dark"], choices=["light", "dark"]
+    )
+    parser.add_argument(
+        "--widths",
+        nargs="*",
+        default=["desktop", "phone"],
+        choices=["desktop", "phone"],
+    )
     args = parser.parse_args(argv)
 
     book = (args.book or book_html_dir()).resolve()
@@ -88,7 +112,10 @@ def main(argv: list[str]) -> int:
         print(f"cannot take screenshots: {reason}", file=sys.stderr)
         return 2
     docnames = args.pages or toc_pages()
-    targets = [(f"{index:02d}_{Path(name).name}", html_path(name)) for index, name in enumerate(docnames)]
+    targets = [
+        (f"{index:02d}_{Path(name).name}", html_path(name))
+        for index, name in enumerate(docnames)
+    ]
     if args.pages is None:
         targets.append((f"{len(targets):02d}_search", "search.html?q=frequencies"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -108,13 +135,20 @@ def main(argv: list[str]) -> int:
                     has_touch=width == "phone",
                 )
                 for stem, path in targets:
-                    report = shoot(context, base + path, args.out / f"{stem}.{width}.{mode}", args.tiles)
+                    report = shoot(
+                        context,
+                        base + path,
+                        args.out / f"{stem}.{width}.{mode}",
+                        args.tiles,
+                    )
                     sideways = (
                         f"; wider than the screen ({report['scrollWidth']} > {report['width']} px): {report['wide']}"
                         if report["scrollWidth"] > report["width"]
                         else ""
                     )
-                    print(f"{stem}.{width}.{mode}: {report['height']} px tall{sideways}")
+                    print(
+                        f"{stem}.{width}.{mode}: {report['height']} px tall{sideways}"
+                    )
                 context.close()
         browser.close()
     print(f"screenshots in {args.out}")
