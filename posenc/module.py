@@ -175,7 +175,7 @@ class PositionalEncoding(nn.Module):
             x: embeddings, ``[seq_len, batch, d_model]`` (or ``[batch, seq_len, d_model]`` with
                 ``batch_first=True``), any floating dtype.
             offset: position of ``x``'s first token, an int >= 0 (decoding with a KV cache, sequence
-                shards). Ignored when ``positions`` is given.
+                shards). Must be 0 when ``positions`` is given.
             positions: optional integer tensor of explicit positions, ``[seq_len]`` (shared by the batch) or
                 ``[batch, seq_len]`` (per sequence: packing, left padding), on any device.
 
