@@ -10,18 +10,8 @@ import pytest
 import torch
 
 from posenc import frequencies, sinusoidal_encoding
+from tests.test_precision import numpy_encoding
 from tests.test_precision import round_once as single_rounding
-
-
-def numpy_reference(
-    positions: np.ndarray, d_model: int, base: float = 10000.0
-) -> np.ndarray:
-    """PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i), w_i = base^(-2i/d), in float64; odd d drops the last cos."""
-    omega = base ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)
-    angle = positions.astype(np.float64)[..., None] * omega
-    return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(
-        *positions.shape, -1
-    )[..., :d_model]
 
 
 @pytest.mark.parametrize("d_model", [1, 2, 3, 7, 64, 512, 513])
@@ -32,7 +22,7 @@ def test_matches_numpy_float64(d_model: int, base: float) -> None:
     # Both evaluate the same float64 formula; they differ only in how w_i is rounded (pow vs exp/log), an
     # error of a few ulps of w_i, i.e. ~p * 4e-16 <= 1e-12 in the angle for p < 2000.
     np.testing.assert_allclose(
-        ours, numpy_reference(positions, d_model, base), rtol=0, atol=1e-12
+        ours, numpy_encoding(positions, d_model, base=base), rtol=0, atol=1e-12
     )
 
 
@@ -99,7 +89,7 @@ def test_bounded_and_values_at_position_zero() -> None:
 
 def test_large_positions_stay_exact_in_float32() -> None:
     positions = torch.tensor([2**20, 2**23 + 12345, 2**24 - 1])
-    exact = numpy_reference(positions.numpy(), 256)
+    exact = numpy_encoding(positions.numpy(), 256)
     ours = sinusoidal_encoding(positions, 256, dtype=torch.float32).double().numpy()
     # float32 rounding of a value in [-1, 1] is at most 2^-25 ~ 3e-8; the float64 angle adds < 4e-9 at p < 2^24
     assert np.abs(ours - exact).max() <= 6e-8
