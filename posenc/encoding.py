@@ -155,7 +155,7 @@ def sinusoidal_encoding(
     r"""The sinusoidal positional encoding $PE[p, 2i] = \sin(p\,\omega_i)$, $PE[p, 2i+1] = \cos(p\,\omega_i)$.
 
     The angles $p\,\omega_i$ and their sines and cosines are computed in float64 and rounded once to
-    ``dtype``, so a float32 result is within float32 rounding of the exact value for every position below
+    ``dtype``, so a float32 result is within $2^{-24}$ (absolute) of the exact value for every position below
     $2^{24}$, and float16/bfloat16 results are the float64 values rounded once (the angles are never formed
     in half precision).
 

@@ -29,8 +29,8 @@ CLASSIC_TABLE_KEYS = ("positional_encodings", "pe")
 def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
     """The encoding table in labml's layout: a drop-in for ``labml_nn``'s ``get_positional_encoding``.
 
-    Unlike the classic float32 recipe, the values are exact to float32 rounding at every position, and any
-    ``d_model`` (odd too) is accepted.
+    Unlike the classic float32 recipe, the values are within 2**-24 of the exact ones at every position below
+    2**24, and any ``d_model`` (odd too) is accepted.
 
     Args:
         d_model: embedding width, a positive int.
@@ -74,10 +74,10 @@ class PositionalEncoding(nn.Module):
     A drop-in for labml's ``PositionalEncoding(d_model, dropout_prob, max_len)`` and spotpython's (the
     PyTorch tutorial's) module of the same signature: same arguments, same outputs, and
     ``load_state_dict(..., strict=True)`` accepts their checkpoints (their saved table is ignored).
-    Unlike them, the encoding is exact to the rounding of ``x``'s dtype at every position, sequences
-    longer than ``max_len`` work (``max_len`` only sizes a cache), ``offset`` and explicit ``positions``
-    are supported, and nothing is registered as a buffer: ``state_dict()`` holds no table and
-    ``DistributedDataParallel`` has nothing to broadcast.
+    Unlike them, the encoding is the float64 value rounded once to ``x``'s dtype at every position
+    (within 2**-24 in float32), sequences longer than ``max_len`` work (``max_len`` only sizes a
+    cache), ``offset`` and explicit ``positions`` are supported, and nothing is registered as a
+    buffer: ``state_dict()`` holds no table and ``DistributedDataParallel`` has nothing to broadcast.
 
     Args:
         d_model: embedding width $d$, a positive int.
@@ -136,6 +136,14 @@ class PositionalEncoding(nn.Module):
         super().__setstate__(state)
         self._tables = {}  # also empties the cache of pickles written by older versions
 
+    def __prepare_scriptable__(self) -> PositionalEncoding:
+        # torch.jit.script calls this on every submodule before compiling it
+        raise TypeError(
+            "torch.jit.script cannot compile posenc.PositionalEncoding (its forward takes keyword-only offset and "
+            "positions, and its per-device cache is a dict of tensors). TorchScript is deprecated: use "
+            "torch.export.export(model, (x,)) for a graph, or torch.jit.trace(model, (x,)), which works"
+        )
+
     def encoding(
         self,
         positions: int | Tensor,
@@ -161,8 +169,11 @@ class PositionalEncoding(nn.Module):
         if table is None:
             # Computed in float64 and rounded once to dtype. Threads racing here compute identical tables;
             # the dict assignment is atomic, so a reader sees either no table or a complete one.
-            table = self.encoding(self.max_len, dtype=dtype, device=device)
-            table = table if self.batch_first else table.unsqueeze(1)
+            # torch.jit.trace: built outside the trace, so the first traced call records the same graph (a
+            # constant table read by a slice) as every later one
+            with _not_traced():
+                table = self.encoding(self.max_len, dtype=dtype, device=device)
+                table = table if self.batch_first else table.unsqueeze(1)
             self._tables[key] = table
         return table
 
@@ -331,6 +342,19 @@ def _check_offset(offset: object) -> int:
 
 # torch.export sets is_exporting(); torch < 2.4 lacks it, and there any compilation is treated as an export.
 _is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
+
+
+class _not_traced:
+    """Suspend torch.jit.trace's recording (a no-op when not tracing)."""
+
+    def __enter__(self) -> None:
+        self._state = torch._C._get_tracing_state()
+        if self._state is not None:
+            torch._C._set_tracing_state(None)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._state is not None:
+            torch._C._set_tracing_state(self._state)
 
 
 @torch.compiler.assume_constant_result

@@ -16,6 +16,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from posenc import PositionalEncoding, sinusoidal_encoding
+from tests.floors import needs_compile, needs_export
 
 
 def tolerance(dtype: torch.dtype, max_angle: float) -> dict[str, float]:
@@ -24,13 +25,13 @@ def tolerance(dtype: torch.dtype, max_angle: float) -> dict[str, float]:
     Both kernels form the float64 angle ``p * omega_i`` and take its sine or cosine. Each kernel's sin, cos and pow
     is within 2 ulps (CUDA's documented maximum in double precision; ATen's and inductor's CPU kernels are within
     1), so two sines of the same angle differ by at most 4 ulps of a value <= 1, 4 * 2**-53; two frequencies
-    ``base**(-2i/d)`` differ by at most 4 ulps, which moves an angle, and its sine, by up to
-    ``angle * 4 * 2**-53``. So in float64 ``|dPE| <= 2**-51 * (1 + max_angle)``. Rounded to float32 or half,
-    differences that small can only flip a rounding, by one ulp of a value below 1: ``eps / 2``. Adding x rounds
-    once more: ``rtol = eps``.
+    ``base**(-2i/d)`` differ by at most 4 ulps, a relative 4 * 2**-52 = 2**-50, which moves an angle, and its
+    sine, by up to ``angle * 2**-50``. So in float64 ``|dPE| <= 2**-51 * (1 + 2 * max_angle)``. Rounded to
+    float32 or half, differences that small can only flip a rounding, by one ulp of a value below 1: ``eps / 2``.
+    Adding x rounds once more: ``rtol = eps``.
     """
     eps = torch.finfo(dtype).eps
-    atol = 2.0**-51 * (1 + max_angle) if dtype == torch.float64 else eps / 2
+    atol = 2.0**-51 * (1 + 2 * max_angle) if dtype == torch.float64 else eps / 2
     return {"atol": atol, "rtol": eps}
 
 
@@ -48,6 +49,7 @@ def computes_sines(gm: torch.fx.GraphModule) -> bool:
     return any("sin" in str(node.target) for node in gm.graph.nodes)
 
 
+@needs_compile
 def test_compiled_graph_reads_the_cached_table():
     graphs: list[torch.fx.GraphModule] = []
     module = PositionalEncoding(16, max_len=32).eval()
@@ -63,6 +65,7 @@ def test_compiled_graph_reads_the_cached_table():
     assert torch.equal(table[:, 0], sinusoidal_encoding(32, 16))
 
 
+@needs_compile
 def test_compiled_graph_computes_past_max_len_and_stores_nothing():
     graphs: list[torch.fx.GraphModule] = []
     module = PositionalEncoding(16, max_len=8).eval()
@@ -73,6 +76,7 @@ def test_compiled_graph_computes_past_max_len_and_stores_nothing():
     assert module._tables == {}
 
 
+@needs_compile
 def test_compiled_training_mode_applies_the_same_dropout():
     module = PositionalEncoding(16, dropout_prob=0.5, max_len=32)
     compiled = torch.compile(module, backend=recording_backend([]), fullgraph=True)
@@ -85,6 +89,7 @@ def test_compiled_training_mode_applies_the_same_dropout():
     )  # the graph runs the same ATen dropout, drawing the same mask
 
 
+@needs_compile
 def test_inductor_fullgraph_fixed_length_matches_eager():
     torch._dynamo.reset()
     module = PositionalEncoding(32, max_len=64).eval()
@@ -94,6 +99,7 @@ def test_inductor_fullgraph_fixed_length_matches_eager():
         assert torch.equal(compiled(x), module(x))
 
 
+@needs_compile
 def test_inductor_dynamic_lengths_and_offsets_match_eager():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -109,6 +115,7 @@ def test_inductor_dynamic_lengths_and_offsets_match_eager():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
 
 
+@needs_compile
 def test_inductor_past_max_len_matches_eager_within_derived_tolerance():
     torch._dynamo.reset()
     module = PositionalEncoding(24, max_len=8).eval()
@@ -146,6 +153,7 @@ class TinyModel(nn.Module):
         return self.out(self.pe(self.embed(tokens)))
 
 
+@needs_export
 def test_export_matches_eager_for_every_length_and_holds_no_table():
     torch.manual_seed(0)
     model = TinyModel().eval()
@@ -166,6 +174,7 @@ def test_export_matches_eager_for_every_length_and_holds_no_table():
         )
 
 
+@needs_export
 def test_export_with_explicit_positions_and_an_offset():
     module = PositionalEncoding(16, batch_first=True).eval()
     x, positions = (
@@ -202,6 +211,7 @@ def test_export_with_explicit_positions_and_an_offset():
     )
 
 
+@needs_export
 def test_strict_export_matches_eager():
     model = TinyModel().eval()
     seq = torch.export.Dim("seq", min=2, max=4096)
@@ -216,3 +226,36 @@ def test_strict_export_matches_eager():
         model(tokens),
         **tolerance(torch.float32, max_angle=100),
     )
+
+
+def test_jit_trace_of_a_fresh_module_matches_eager_at_other_lengths():
+    """TorchScript tracing (deprecated, still deployed): the table is built outside the trace, so tracing a fresh
+    module passes torch's check that two traced invocations record the same graph."""
+    import warnings
+
+    for batch_first in (False, True):
+        module = PositionalEncoding(16, max_len=64, batch_first=batch_first).eval()
+        example = torch.randn(5, 2, 16)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TorchScript's deprecation notice
+            traced = torch.jit.trace(module, example)
+        for seq_len in (1, 5, 9, 64):
+            x = torch.randn(seq_len, 2, 16)
+            assert torch.equal(traced(x), module(x))
+
+
+def test_jit_script_raises_a_clear_error_naming_the_alternatives():
+    import warnings
+
+    import pytest
+
+    for model in (
+        PositionalEncoding(16),
+        nn.Sequential(nn.Linear(16, 16), PositionalEncoding(16)),
+    ):
+        with (
+            warnings.catch_warnings(),
+            pytest.raises(TypeError, match=r"torch\.export\.export.*torch\.jit\.trace"),
+        ):
+            warnings.simplefilter("ignore")
+            torch.jit.script(model)

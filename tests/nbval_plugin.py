@@ -1,0 +1,81 @@
+"""A pytest plugin (loaded by ``-p tests.nbval_plugin`` in pyproject.toml) that makes every run reproducible.
+
+1. **A private torch.compile cache per run.** ``torch.compile`` keeps compiled kernels in an on-disk cache shared
+   by every checkout and every run (``/tmp/torchinductor_<user>``). Reused after torch's CPU kernel family
+   changed (``ATEN_CPU_CAPABILITY=avx2`` after an AVX-512 run), it has returned *silently wrong* compiled
+   results here. Each pytest session therefore gets a fresh ``TORCHINDUCTOR_CACHE_DIR``, set before any test
+   imports inductor and inherited by the notebook kernels nbval starts; it is removed at the end.
+2. **torch's notices about its environment are not outputs.** A CUDA build of torch on a machine without a GPU
+   logs "No CUDA runtime is found ..." and Python 3.13.0 makes dynamo warn "Guards may run slower ...". They
+   say nothing about the notebook, so stderr lines matching :data:`TORCH_NOTICES` are removed before nbval
+   compares a cell's outputs (and by ``tools/nbrun.py`` before outputs are stored). Any other stderr output
+   still fails the cell.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from typing import Any
+
+import pytest
+
+#: stderr lines that torch prints about the machine it runs on, never about the computation.
+TORCH_NOTICES = (
+    re.compile(r"^.*No CUDA runtime is found, using CUDA_HOME=.*$"),
+    re.compile(r"^.*Guards may run slower on Python 3\.13\.0.*$"),
+    re.compile(
+        r"^\s*warnings\.warn\($"
+    ),  # the source line Python prints under such a warning
+)
+
+
+def strip_torch_notices(text: str) -> str:
+    """``text`` without the lines matching :data:`TORCH_NOTICES` (other lines kept in order)."""
+    lines = text.splitlines(keepends=True)
+    kept = [
+        ln for ln in lines if not any(p.match(ln.rstrip("\n")) for p in TORCH_NOTICES)
+    ]
+    return "".join(kept)
+
+
+def drop_torch_notices(outputs: list[Any]) -> list[Any]:
+    """Notebook outputs with torch's notices removed from stderr streams; empty streams dropped."""
+    kept = []
+    for output in outputs:
+        if output.get("output_type") == "stream" and output.get("name") == "stderr":
+            text = strip_torch_notices("".join(output.get("text", "")))
+            if not text:
+                continue
+            output = {**output, "text": text}
+        kept.append(output)
+    return kept
+
+
+_cache_dir: str | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _cache_dir
+    _cache_dir = tempfile.mkdtemp(prefix="posenc-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache_dir
+    try:
+        import nbval.plugin as nbval_plugin
+    except ImportError:  # the package tests also run where Jupyter is not installed
+        return
+    original = nbval_plugin.transform_streams_for_comparison
+    if getattr(original, "_posenc", False):
+        return
+
+    def transform(outputs: list[Any]) -> list[Any]:
+        return original(drop_torch_notices(outputs))
+
+    transform._posenc = True  # type: ignore[attr-defined]
+    nbval_plugin.transform_streams_for_comparison = transform
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _cache_dir is not None:
+        shutil.rmtree(_cache_dir, ignore_errors=True)
