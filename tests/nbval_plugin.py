@@ -10,6 +10,8 @@
    say nothing about the notebook, so stderr lines matching :data:`TORCH_NOTICES` are removed before nbval
    compares a cell's outputs (and by ``tools/nbrun.py`` before outputs are stored). Any other stderr output
    still fails the cell.
+3. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
+   tests) or without CUDA (the GPU tests) says so in one place.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def drop_torch_notices(outputs: list[Any]) -> list[Any]:
             text = strip_torch_notices("".join(output.get("text", "")))
             if not text:
                 continue
-            output = {**output, "text": text}
+            output = type(output)({**output, "text": text})  # NotebookNode stays one
         kept.append(output)
     return kept
 
@@ -74,6 +76,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
     transform._posenc = True  # type: ignore[attr-defined]
     nbval_plugin.transform_streams_for_comparison = transform
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say plainly what a run skipped as a whole (the browser tests without a built book, the GPU tests)."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        if isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.section("what was skipped, and why")
+        for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{count:5d} skipped: {reason}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

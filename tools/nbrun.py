@@ -1,6 +1,7 @@
 """Re-execute notebooks in place and store clean outputs: the expectations nbval compares.
 
     python tools/nbrun.py book/01_derivation.ipynb ...   (default: every notebook in book/)
+    python tools/nbrun.py --refresh-ignored ...           (also store new outputs of nbval-ignore-output cells)
 
 Each notebook runs top to bottom in a fresh kernel with the working directory ``book/``; execution counts are
 renumbered from 1 and metadata is reduced to the kernelspec and language name, so diffs show only real changes.
@@ -74,8 +75,23 @@ def _coalesce_streams(outputs: list) -> list:
     return merged
 
 
-def run(path: Path) -> None:
+def _ignored_outputs(nb: nbformat.NotebookNode) -> dict[str, list]:
+    """Stored outputs of the cells whose output nbval ignores (live timings, the machine's name), by source."""
+    return {
+        "".join(cell.source): cell.outputs
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        and "nbval-ignore-output" in cell.metadata.get("tags", [])
+        and cell.get("outputs")
+    }
+
+
+def run(path: Path, *, refresh_ignored: bool = False) -> None:
+    """Execute ``path`` in place. A cell whose output nbval ignores keeps its stored output when its source is
+    unchanged (unless ``refresh_ignored``): its output varies from run to run by nature, and re-running the
+    notebooks must leave an unchanged repository unchanged."""
     nb = nbformat.read(path, as_version=4)
+    kept = {} if refresh_ignored else _ignored_outputs(nb)
     start = time.perf_counter()
     env_cwd = str(path.parent)
     os.environ.setdefault("PYTHONHASHSEED", "0")
@@ -85,6 +101,10 @@ def run(path: Path) -> None:
         kernel_name="python3",
         resources={"metadata": {"path": env_cwd}},
     ).execute()
+    for cell in nb.cells:
+        source = "".join(cell.source)
+        if cell.cell_type == "code" and source in kept:
+            cell.outputs = kept[source]
     clean(nb)
     nbformat.write(nb, path)
     print(
@@ -93,6 +113,8 @@ def run(path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    refresh = "--refresh-ignored" in argv
+    argv = [a for a in argv if a != "--refresh-ignored"]
     paths = [Path(a).resolve() for a in argv] or sorted((ROOT / "book").glob("*.ipynb"))
     # A private torch.compile cache for this run (see tests/nbval_plugin.py): a shared one, reused after torch's
     # CPU kernel family changed, has produced silently wrong compiled code.
@@ -100,7 +122,7 @@ def main(argv: list[str]) -> int:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     try:
         for path in paths:
-            run(path)
+            run(path, refresh_ignored=refresh)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     return 0

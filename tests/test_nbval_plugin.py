@@ -1,0 +1,93 @@
+"""tests/nbval_plugin.py: a private torch.compile cache per run, torch's environment notices ignored, nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.nbval_plugin import drop_torch_notices, strip_torch_notices
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA_NOTICE = "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'\n"
+GUARDS_NOTICE = (
+    "/x/torch/_dynamo/guards.py:1344: RuntimeWarning: Guards may run slower on Python 3.13.0. "
+    "Consider upgrading to Python 3.13.1+.\n  warnings.warn(\n"
+)
+
+
+def test_this_run_has_a_private_inductor_cache() -> None:
+    cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    assert Path(cache).name.startswith("posenc-inductor-") and Path(cache).is_dir()
+
+
+def test_only_torch_notices_are_stripped() -> None:
+    assert strip_torch_notices(CUDA_NOTICE + GUARDS_NOTICE) == ""
+    assert strip_torch_notices(CUDA_NOTICE + "a real error\n") == "a real error\n"
+    outputs = [
+        {"output_type": "stream", "name": "stderr", "text": CUDA_NOTICE},
+        {"output_type": "stream", "name": "stdout", "text": CUDA_NOTICE},
+        {"output_type": "stream", "name": "stderr", "text": "Traceback ...\n"},
+    ]
+    kept = drop_torch_notices(outputs)
+    assert [o["name"] for o in kept] == ["stdout", "stderr"]  # stdout is never touched
+
+
+def _notebook(path: Path, code: str, stored: str) -> None:
+    cell = {
+        "cell_type": "code",
+        "execution_count": 1,
+        "id": "cell-000",
+        "metadata": {},
+        "source": code,
+        "outputs": [{"output_type": "stream", "name": "stdout", "text": stored}],
+    }
+    nb = {
+        "cells": [cell],
+        "metadata": {
+            "kernelspec": {
+                "name": "python3",
+                "display_name": "Python 3",
+                "language": "python",
+            }
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb))
+
+
+def _nbval(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir",
+         str(path.parent), "-p", "tests.nbval_plugin", "--nbval", "--nbval-current-env", str(path)],
+        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_cell_with_a_torch_notice_on_stderr_passes_and_any_other_stderr_fails(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("nbval")
+    notice = tmp_path / "notice.ipynb"
+    _notebook(
+        notice,
+        "import logging, sys\n"
+        "logging.basicConfig(stream=sys.stderr)\n"
+        f"logging.getLogger('torch.utils.cpp_extension').warning({CUDA_NOTICE.strip()!r})\n"
+        "print('result')",
+        "result\n",
+    )
+    result = _nbval(notice)
+    assert result.returncode == 0, result.stdout[-3000:]
+    other = tmp_path / "other.ipynb"
+    _notebook(
+        other, "import sys\nprint('oops', file=sys.stderr)\nprint('result')", "result\n"
+    )
+    result = _nbval(other)
+    assert result.returncode != 0 and "stderr" in result.stdout, result.stdout[-3000:]
