@@ -235,9 +235,9 @@ def rotary_cos_sin(
     The angle of pair $i$ at position $p$ is $\theta_{p,i} = (p / \text{scale})
     \,\omega_i$ with $\omega_i = \text{base}^{-2i/r}$, $r$ = ``rotary_dim``. The
     angles and their cosines and sines are computed in float64 and rounded once to
-    ``dtype``: float32 tables are within $2^{-25}$ of the exact values at every
-    position below $2^{24}$, float16/bfloat16 tables are the float64 values rounded
-    once.
+    ``dtype``: float32 tables are within $2^{-24}$ (absolute) of the exact values at
+    every position below $2^{24}$ (one rounding, $2^{-25}$, plus the float64 angle
+    error), float16/bfloat16 tables are the float64 values rounded once.
 
     Args:
         positions: an int ``n`` (positions ``0, ..., n-1``) or an integer tensor of

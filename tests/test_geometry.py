@@ -1,7 +1,9 @@
 """The geometry of the encoding (book/04_geometry.ipynb): PE[p] . PE[p+k] = sum_i cos(k w_i) depends on k only and
 is symmetric in k; |PE[p]| = sqrt(d/2); values in [-1, 1]; the distance between two positions depends on their
-offset only, so the minimum over N positions is a minimum over N - 1 offsets. Property-based over d_model 2..1024,
-bases 10..1e6, positions up to 2^20, float32 and float64; each tolerance is derived next to it."""
+offset only, so the minimum over N positions is a minimum over N - 1 offsets, and that minimum is at k = 1 only for
+some N (Dirichlet's bound drives it to 0); one attention head with A = W_Q W_K^T = M_j P_S has rank d_h and a
+position-position score that depends on k only and peaks at k = -j. Property-based over d_model 2..1024, bases
+10..1e6, positions up to 2^20, float32 and float64; each tolerance is derived next to it."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posenc import frequencies, sinusoidal_encoding
+from posenc import frequencies, offset_matrix, sinusoidal_encoding
 
 U64 = 2.0**-53  # float64 unit roundoff
 d_models = st.integers(2, 1024)
@@ -191,3 +193,96 @@ def test_minimum_distance_over_100000_positions() -> None:
     assert 1.4718 <= dist.min().item() <= 1.4719
     tiny = distance_by_offset(100_000, 2)
     assert int(tiny.argmin()) + 1 == 710 and tiny.min().item() < 1e-4
+
+
+def distance_by_offset_blocked(
+    n_positions: int, d_model: int, base: float = 10000.0
+) -> torch.Tensor:
+    """The same distances for large N: with k = aB + b, cos(k w) = cos(aB w) cos(b w) - sin(aB w) sin(b w), two
+    [N/B, d/2] x [d/2, B] products (the chapter's shortcut), float64: [n_positions - 1]."""
+    omega = frequencies(d_model, base=base)
+    block = math.isqrt(n_positions) + 1
+    coarse = torch.arange(0, n_positions, block, dtype=torch.float64)[:, None] * omega
+    fine = torch.arange(block, dtype=torch.float64)[:, None] * omega
+    dot = torch.cos(coarse) @ torch.cos(fine).T - torch.sin(coarse) @ torch.sin(fine).T
+    return (2 * (len(omega) - dot.flatten()[1:n_positions])).clamp_min(0).sqrt()
+
+
+def test_the_neighbour_stops_being_the_nearest_for_larger_n() -> None:
+    # the chapter's numbers: d_model = 16, base 100 has a far offset closer than the neighbour below 2^20; for
+    # d_model = 64 (base 1e4) the neighbour is still the nearest among the first 2^22 positions. The distances are
+    # >= 0.45 and each runner-up is >= 0.35 away, far above the float64 rounding of angles below 2^23 (< 1e-8).
+    dist = distance_by_offset(2**20, 16, 100.0)
+    k = int(dist.argmin()) + 1
+    assert k == 618_328
+    assert 0.4504 <= dist.min().item() <= 0.4506 < dist[0].item()
+    # the blocked form agrees with the direct one, then reaches 2^22 quickly
+    blocked = distance_by_offset_blocked(2**20, 16, 100.0)
+    assert (blocked - dist).abs().max().item() <= 1e-8
+    wide = distance_by_offset_blocked(2**22, 64)
+    assert int(wide.argmin()) + 1 == 1
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(m=st.integers(1, 3), base=bases, q=st.integers(2, 12), p=st.integers(0, 2**20))
+def test_dirichlet_bound_on_the_smallest_distance(
+    m: int, base: float, q: int, p: int
+) -> None:
+    # eq-dirichlet: some 1 <= k <= Q^m has ||PE[p] - PE[p+k]|| <= 2 sqrt(m) sin(pi / Q), for any frequencies;
+    # the computed distance errs by the angle rounding of p w and (p + k) w, <= 2^-53 * 2^22 per channel (p, k
+    # < 2^21, w <= 1), so by < 1e-9 over at most 6 channels
+    d_model = 2 * m
+    n = q**m
+    table = sinusoidal_encoding(
+        torch.arange(p, p + n + 1), d_model, base=base, dtype=torch.float64
+    )
+    distances = (table[1:] - table[0]).norm(dim=-1)  # k = 1 .. Q^m
+    assert distances.min().item() <= 2 * math.sqrt(m) * math.sin(math.pi / q) + 1e-8
+
+
+@SETTINGS
+@given(
+    half_d=st.integers(2, 128),
+    base=bases,
+    j=st.integers(-64, 64),
+    data=st.data(),
+    p=st.lists(st.integers(64, 2**20), min_size=2, max_size=8),
+)
+def test_one_head_realises_the_shifted_score_on_its_pairs(
+    half_d: int, base: float, j: int, data: st.DataObject, p: list[int]
+) -> None:
+    # W_Q = the columns of M_j for the head's pairs S, W_K = the same columns of I: A = W_Q W_K^T = M_j P_S has
+    # rank 2|S| = d_h, and (PE[p] W_Q)(PE[p+k] W_K)^T = sum_{i in S} cos((k + j) w_i) for every p (eq-head-score),
+    # largest (= |S|) at k = -j. Tolerance: the angle rounding of p w, (p+k) w and j w (U64 (p + |p+k| + |j|) w per
+    # pair), plus the two matrix products over d channels and the sum over S (<= 4 d U64 per pair).
+    d_model = 2 * half_d
+    pairs = sorted(
+        data.draw(
+            st.sets(st.integers(0, half_d - 1), min_size=1, max_size=half_d), label="S"
+        )
+    )
+    k = data.draw(st.integers(-63, 63), label="k")
+    idx = torch.tensor(pairs)
+    channels = torch.stack([2 * idx, 2 * idx + 1], -1).flatten()
+    w_q = offset_matrix(j, d_model, base=base)[:, channels]
+    w_k = torch.eye(d_model, dtype=torch.float64)[:, channels]
+    # rank d_h: A's columns outside the head's channels are zero, and those inside are W_Q's, which are
+    # orthonormal (columns of the orthogonal M_j)
+    a = w_q @ w_k.T
+    others = torch.ones(d_model, dtype=torch.bool)
+    others[channels] = False
+    assert torch.equal(a[:, channels], w_q) and not a[:, others].any()
+    eye = torch.eye(len(channels), dtype=torch.float64)
+    assert (w_q.T @ w_q - eye).abs().max().item() <= 16 * U64
+    p_t = torch.tensor(p)
+    f64 = {"base": base, "dtype": torch.float64}
+    score = (
+        (sinusoidal_encoding(p_t, d_model, **f64) @ w_q)
+        * (sinusoidal_encoding(p_t + k, d_model, **f64) @ w_k)
+    ).sum(-1)
+    omega = frequencies(d_model, base=base)[idx]
+    formula = torch.cos((k + j) * omega).sum().item()
+    tolerance = U64 * (2 * max(p) + 2 * abs(k) + abs(j)) * omega.sum().item()
+    tolerance += 4 * d_model * U64 * len(pairs)
+    assert (score - formula).abs().max().item() <= tolerance
+    assert torch.cos(0 * omega).sum().item() == len(pairs) >= formula
