@@ -22,36 +22,21 @@ from posenc.encoding import (
     sinusoidal_encoding,
 )
 
-#: state_dict keys under which the classic modules save their table (labml, spotpython / PyTorch tutorial).
+#: state_dict keys under which the classic modules save their table
+#: (labml, spotpython / PyTorch tutorial).
 CLASSIC_TABLE_KEYS = ("positional_encodings", "pe")
-
-
-def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
-    """The encoding table in labml's layout: a drop-in for ``labml_nn``'s ``get_positional_encoding``.
-
-    Unlike the classic float32 recipe, the values are within 2**-24 of the exact ones at every position below
-    2**24, and any ``d_model`` (odd too) is accepted.
-
-    Args:
-        d_model: embedding width, a positive int.
-        max_len: number of positions, a positive int.
-
-    Returns:
-        float32 tensor of shape ``[max_len, 1, d_model]`` (sequence-first, with a batch axis of 1 to broadcast).
-    """
-    max_len = _check_max_len(max_len)
-    return sinusoidal_encoding(max_len, d_model, dtype=torch.float32).unsqueeze(1)
 
 
 def _check_max_len(max_len: object) -> int:
     if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral):
         raise TypeError(
-            f"max_len must be a positive int (the number of cached positions), got {max_len!r} "
-            f"of type {type(max_len).__name__}; pass e.g. max_len=5000"
+            "max_len must be a positive int (the number of cached positions), "
+            f"got {max_len!r} of type {type(max_len).__name__}; pass e.g. max_len=5000"
         )
     if max_len < 1:
         raise ValueError(
-            f"max_len must be a positive int (the number of cached positions), got {max_len}; pass e.g. max_len=5000"
+            "max_len must be a positive int (the number of cached positions), "
+            f"got {max_len}; pass e.g. max_len=5000"
         )
     return int(max_len)
 
@@ -59,38 +44,46 @@ def _check_max_len(max_len: object) -> int:
 def _check_dropout(p: object) -> float:
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(
-            f"dropout_prob must be a float in [0, 1], got {p!r} of type {type(p).__name__}; pass e.g. dropout_prob=0.1"
+            f"dropout_prob must be a float in [0, 1], got {p!r} of type "
+            f"{type(p).__name__}; pass e.g. dropout_prob=0.1"
         )
     if not 0.0 <= p <= 1.0:
         raise ValueError(
-            f"dropout_prob must be in [0, 1], got {p}; pass e.g. dropout_prob=0.1 (0 disables dropout)"
+            f"dropout_prob must be in [0, 1], got {p}; "
+            "pass e.g. dropout_prob=0.1 (0 disables dropout)"
         )
     return float(p)
 
 
 class PositionalEncoding(nn.Module):
-    r"""Add the sinusoidal positional encoding to a batch of embeddings, then apply dropout.
+    r"""Add the sinusoidal positional encoding to a batch of embeddings, then dropout.
 
-    A drop-in for labml's ``PositionalEncoding(d_model, dropout_prob, max_len)`` and spotpython's (the
-    PyTorch tutorial's) module of the same signature: same arguments, same outputs, and
-    ``load_state_dict(..., strict=True)`` accepts their checkpoints (their saved table is ignored).
-    Unlike them, the encoding is the float64 value rounded once to ``x``'s dtype at every position
-    (within 2**-24 in float32), sequences longer than ``max_len`` work (``max_len`` only sizes a
-    cache), ``offset`` and explicit ``positions`` are supported, and nothing is registered as a
-    buffer: ``state_dict()`` holds no table and ``DistributedDataParallel`` has nothing to broadcast.
+    A drop-in for labml's ``PositionalEncoding(d_model, dropout_prob, max_len)`` and
+    spotpython's (the PyTorch tutorial's) module of the same signature: same
+    arguments, same outputs, and ``load_state_dict(..., strict=True)`` accepts their
+    checkpoints (their saved table is ignored). Unlike them, the encoding is the
+    float64 value rounded once to ``x``'s dtype at every position (within 2**-24 in
+    float32), sequences longer than ``max_len`` work (``max_len`` only sizes a cache),
+    ``offset`` and explicit ``positions`` are supported, and nothing is registered as
+    a buffer: ``state_dict()`` holds no table and ``DistributedDataParallel`` has
+    nothing to broadcast.
 
     Args:
         d_model: embedding width $d$, a positive int.
         dropout_prob: dropout probability applied after the addition, in ``[0, 1]``.
-        max_len: number of positions whose encoding is cached per device and dtype, a positive int.
+        max_len: number of positions whose encoding is cached per device and dtype,
+            a positive int.
         base: the base of the frequency progression, a number > 1.
-        batch_first: if ``True``, ``x`` is ``[batch, seq_len, d_model]``; by default it is
-            ``[seq_len, batch, d_model]`` (as in both classic modules and ``nn.Transformer``).
-        layout: channel layout, ``"interleaved"`` or ``"concat"`` (see :func:`posenc.sinusoidal_encoding`).
+        batch_first: if ``True``, ``x`` is ``[batch, seq_len, d_model]``; by default
+            it is ``[seq_len, batch, d_model]`` (as in both classic modules and
+            ``nn.Transformer``).
+        layout: channel layout, ``"interleaved"`` or ``"concat"`` (see
+            :func:`posenc.sinusoidal_encoding`).
         frequencies: frequency schedule, ``"paper"`` or ``"tensor2tensor"``.
 
     Shape:
-        - x: ``[seq_len, batch, d_model]``, or ``[batch, seq_len, d_model]`` with ``batch_first=True``.
+        - x: ``[seq_len, batch, d_model]``, or ``[batch, seq_len, d_model]`` with
+          ``batch_first=True``.
         - output: same shape, dtype and device as ``x``.
     """
 
@@ -115,19 +108,22 @@ class PositionalEncoding(nn.Module):
         self.layout = _check_choice("layout", layout, LAYOUTS)
         self.frequencies = _check_choice("frequencies", frequencies, SCHEDULES)
         self.dropout = nn.Dropout(_check_dropout(dropout_prob))
-        # (device, dtype) -> table [max_len, 1, d_model] (sequence-first) or [max_len, d_model] (batch-first).
-        # A plain dict, not a buffer: never in state_dict, never broadcast by DDP, built once per key.
+        # (device, dtype) -> table [max_len, 1, d_model] (sequence-first) or
+        # [max_len, d_model] (batch-first). A plain dict, not a buffer: never in
+        # state_dict, never broadcast by DDP, built once per key.
         self._tables: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
     def extra_repr(self) -> str:
         return (
-            f"d_model={self.d_model}, max_len={self.max_len}, base={self.base}, batch_first={self.batch_first}, "
-            f"layout={self.layout!r}, frequencies={self.frequencies!r}"
+            f"d_model={self.d_model}, max_len={self.max_len}, base={self.base}, "
+            f"batch_first={self.batch_first}, layout={self.layout!r}, "
+            f"frequencies={self.frequencies!r}"
         )
 
     def __getstate__(self) -> dict[str, Any]:
-        # The cache is derived data: pickles (torch.save(model), copy.deepcopy, multiprocessing) never carry it,
-        # so they stay small and a load with map_location cannot leave a table under a stale (device, dtype) key.
+        # The cache is derived data: pickles (torch.save(model), copy.deepcopy,
+        # multiprocessing) never carry it, so they stay small and a load with
+        # map_location cannot leave a table under a stale (device, dtype) key.
         state = super().__getstate__()
         state["_tables"] = {}
         return state
@@ -139,9 +135,11 @@ class PositionalEncoding(nn.Module):
     def __prepare_scriptable__(self) -> PositionalEncoding:
         # torch.jit.script calls this on every submodule before compiling it
         raise TypeError(
-            "torch.jit.script cannot compile posenc.PositionalEncoding (its forward takes keyword-only offset and "
-            "positions, and its per-device cache is a dict of tensors). TorchScript is deprecated: use "
-            "torch.export.export(model, (x,)) for a graph, or torch.jit.trace(model, (x,)), which works"
+            "torch.jit.script cannot compile posenc.PositionalEncoding (its forward "
+            "takes keyword-only offset and positions, and its per-device cache is a "
+            "dict of tensors). TorchScript is deprecated: use "
+            "torch.export.export(model, (x,)) for a graph, or "
+            "torch.jit.trace(model, (x,)), which works"
         )
 
     def encoding(
@@ -151,12 +149,15 @@ class PositionalEncoding(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> Tensor:
-        """This module's encoding of ``positions`` (see :func:`posenc.sinusoidal_encoding`).
+        """This module's encoding of ``positions`` (see
+        :func:`posenc.sinusoidal_encoding`).
 
         Returns:
-            Tensor of shape ``[n, d_model]`` for an int ``n``, ``[*positions.shape, d_model]`` for a tensor.
+            Tensor of shape ``[n, d_model]`` for an int ``n``,
+            ``[*positions.shape, d_model]`` for a tensor.
         """
-        # torch.compile(dynamic=True) would trace the float `base` as a symbol; read it as the constant it is
+        # torch.compile(dynamic=True) would trace the float `base` as a symbol; read
+        # it as the constant it is
         base = _constant_base(self) if torch.compiler.is_compiling() else self.base
         return sinusoidal_encoding(
             positions, self.d_model, base=base, dtype=dtype, device=device,
@@ -167,10 +168,11 @@ class PositionalEncoding(nn.Module):
         key = (device, dtype)
         table = self._tables.get(key)
         if table is None:
-            # Computed in float64 and rounded once to dtype. Threads racing here compute identical tables;
-            # the dict assignment is atomic, so a reader sees either no table or a complete one.
-            # torch.jit.trace: built outside the trace, so the first traced call records the same graph (a
-            # constant table read by a slice) as every later one
+            # Computed in float64 and rounded once to dtype. Threads racing here
+            # compute identical tables; the dict assignment is atomic, so a reader
+            # sees either no table or a complete one. torch.jit.trace: built outside
+            # the trace, so the first traced call records the same graph (a constant
+            # table read by a slice) as every later one
             with _not_traced():
                 table = self.encoding(self.max_len, dtype=dtype, device=device)
                 table = table if self.batch_first else table.unsqueeze(1)
@@ -183,12 +185,14 @@ class PositionalEncoding(nn.Module):
         """Return ``dropout(x + PE)``.
 
         Args:
-            x: embeddings, ``[seq_len, batch, d_model]`` (or ``[batch, seq_len, d_model]`` with
-                ``batch_first=True``), any floating dtype.
-            offset: position of ``x``'s first token, an int >= 0 (decoding with a KV cache, sequence
-                shards). Must be 0 when ``positions`` is given.
-            positions: optional integer tensor of explicit positions, ``[seq_len]`` (shared by the batch) or
-                ``[batch, seq_len]`` (per sequence: packing, left padding), on any device.
+            x: embeddings, ``[seq_len, batch, d_model]`` (or
+                ``[batch, seq_len, d_model]`` with ``batch_first=True``), any floating
+                dtype.
+            offset: position of ``x``'s first token, an int >= 0 (decoding with a KV
+                cache, sequence shards). Must be 0 when ``positions`` is given.
+            positions: optional integer tensor of explicit positions, ``[seq_len]``
+                (shared by the batch) or ``[batch, seq_len]`` (per sequence: packing,
+                left padding), on any device.
 
         Returns:
             Tensor of ``x``'s shape, dtype and device.
@@ -203,18 +207,24 @@ class PositionalEncoding(nn.Module):
             )
             hint = ""
             if x.dim() == 2:
-                hint = " (add the batch axis: x.unsqueeze(1), or x.unsqueeze(0) with batch_first=True)"
+                hint = (
+                    " (add the batch axis: x.unsqueeze(1), or x.unsqueeze(0) with "
+                    "batch_first=True)"
+                )
             raise ValueError(
                 f"x must be 3-D {layout}, got shape {tuple(x.shape)}{hint}"
             )
         if x.shape[2] != self.d_model:
             raise ValueError(
-                f"x's last dimension must be d_model={self.d_model}, got shape {tuple(x.shape)}; "
-                f"build PositionalEncoding(d_model={x.shape[2]}) or project x to width {self.d_model}"
+                f"x's last dimension must be d_model={self.d_model}, "
+                f"got shape {tuple(x.shape)}; build "
+                f"PositionalEncoding(d_model={x.shape[2]}) or project x to width "
+                f"{self.d_model}"
             )
         if not x.is_floating_point():
             raise TypeError(
-                f"x must be a floating tensor (embeddings), got dtype {x.dtype}; convert with x.float()"
+                f"x must be a floating tensor (embeddings), got dtype {x.dtype}; "
+                "convert with x.float()"
             )
         seq_axis = 1 if self.batch_first else 0
         seq_len = x.shape[seq_axis]
@@ -223,7 +233,8 @@ class PositionalEncoding(nn.Module):
                 offset = _check_offset(offset)
             elif offset < 0:
                 raise ValueError(
-                    f"offset must be an int >= 0 (the position of x's first token), got {offset}"
+                    "offset must be an int >= 0 (the position of x's first token), "
+                    f"got {offset}"
                 )
             end = offset + seq_len
             if torch.compiler.is_compiling():
@@ -235,8 +246,9 @@ class PositionalEncoding(nn.Module):
         else:
             if offset.__class__ is not int or offset != 0:
                 raise ValueError(
-                    f"pass either offset or positions, not both (got offset={offset!r}): positions already give "
-                    "every token's position; add the offset to them instead (positions + offset)"
+                    "pass either offset or positions, not both "
+                    f"(got offset={offset!r}): positions already give every token's "
+                    "position; add the offset to them instead (positions + offset)"
                 )
             pe = self._explicit(positions, x, seq_len)
         out = x + pe
@@ -245,26 +257,31 @@ class PositionalEncoding(nn.Module):
         return out
 
     def _rows_on_the_fly(self, x: Tensor, offset: int, end: int) -> Tensor:
-        # beyond the cache (or in an exported program): computed for this call, nothing is stored
+        # beyond the cache (or in an exported program): computed for this call,
+        # nothing is stored
         pe = self.encoding(torch.arange(offset, end, device=x.device), dtype=x.dtype)
         return pe if self.batch_first else pe.unsqueeze(1)
 
     def _compiled_rows(self, x: Tensor, offset: int, end: int) -> Tensor:
-        # torch.export: computed inside the program, which then holds no table and mutates nothing
-        # (checked first, so that no guard on the symbolic length against max_len is recorded)
+        # torch.export: computed inside the program, which then holds no table and
+        # mutates nothing (checked first, so that no guard on the symbolic length
+        # against max_len is recorded)
         if _is_exporting() or end > self.max_len:
             return self._rows_on_the_fly(x, offset, end)
-        # torch.compile: the table is built while the graph is traced, outside it, and read as a graph input
+        # torch.compile: the table is built while the graph is traced, outside it,
+        # and read as a graph input
         _build_table_outside_graph(self, x.device, x.dtype)
         return self._table(x.device, x.dtype)[offset:end]
 
     def _explicit(self, positions: Tensor, x: Tensor, seq_len: int) -> Tensor:
         if not isinstance(positions, Tensor):
             raise TypeError(
-                f"positions must be an integer tensor [seq_len] or [batch, seq_len], got {type(positions).__name__}"
+                "positions must be an integer tensor [seq_len] or [batch, seq_len], "
+                f"got {type(positions).__name__}"
             )
         batch = x.shape[0 if self.batch_first else 1]
-        # dims compared one by one: comparing whole shapes would tie a symbolic seq_len to batch under export
+        # dims compared one by one: comparing whole shapes would tie a symbolic
+        # seq_len to batch under export
         shared = positions.dim() == 1 and positions.shape[0] == seq_len
         if not (
             shared
@@ -280,8 +297,9 @@ class PositionalEncoding(nn.Module):
                 else "x is [seq_len, batch, d_model]"
             )
             raise ValueError(
-                f"positions must have shape [seq_len]=({seq_len},) or [batch, seq_len]=({batch}, {seq_len}) "
-                f"({order}, shape {tuple(x.shape)}), got {tuple(positions.shape)}"
+                f"positions must have shape [seq_len]=({seq_len},) or "
+                f"[batch, seq_len]=({batch}, {seq_len}) ({order}, shape "
+                f"{tuple(x.shape)}), got {tuple(positions.shape)}"
             )
         pe = self.encoding(
             positions, dtype=x.dtype, device=x.device
@@ -300,12 +318,14 @@ class PositionalEncoding(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        # Checkpoints of the classic modules carry their table; it is a constant, so it is dropped here.
+        # Checkpoints of the classic modules carry their table; it is a constant, so
+        # it is dropped here.
         for key in CLASSIC_TABLE_KEYS:
             table = state_dict.pop(prefix + key, None)
             if table is not None and table.shape[-1] != self.d_model:
                 error_msgs.append(
-                    f"{prefix + key}: the checkpoint's positional table has width {table.shape[-1]}, "
+                    f"{prefix + key}: the checkpoint's positional table has width "
+                    f"{table.shape[-1]}, "
                     f"this module has d_model={self.d_model}"
                 )
         super()._load_from_state_dict(
@@ -322,10 +342,12 @@ class PositionalEncoding(nn.Module):
 def _check_offset(offset: object) -> int:
     if isinstance(offset, bool):
         raise TypeError(
-            f"offset must be an int >= 0 (the position of x's first token), got {offset!r}"
+            "offset must be an int >= 0 (the position of x's first token), "
+            f"got {offset!r}"
         )
     if torch.compiler.is_compiling():
-        return offset  # type: ignore[return-value]  # a symbolic int under torch.compile
+        # a symbolic int under torch.compile
+        return offset  # type: ignore[return-value]
     try:
         offset = operator.index(offset)
     except TypeError:
@@ -335,12 +357,14 @@ def _check_offset(offset: object) -> int:
         ) from None
     if offset < 0:
         raise ValueError(
-            f"offset must be an int >= 0 (the position of x's first token), got {offset}"
+            "offset must be an int >= 0 (the position of x's first token), "
+            f"got {offset}"
         )
     return offset
 
 
-# torch.export sets is_exporting(); torch < 2.4 lacks it, and there any compilation is treated as an export.
+# torch.export sets is_exporting(); torch < 2.4 lacks it, and there any compilation is
+# treated as an export.
 _is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
 
 
@@ -361,11 +385,13 @@ class _not_traced:
 def _build_table_outside_graph(
     module: PositionalEncoding, device: torch.device, dtype: torch.dtype
 ) -> bool:
-    """Fill ``module``'s cache for (device, dtype) when torch.compile traces ``forward``, not inside the graph.
+    """Fill ``module``'s cache for (device, dtype) when torch.compile traces
+    ``forward``, not inside the graph.
 
-    Dynamo runs this function eagerly while tracing and keeps only its (constant) result, so the table is
-    built once, in float64 rounded once, and the compiled graph reads it as an input: a slice and an add,
-    as in eager mode. Marked as a static address so CUDA graphs do not copy it on every replay.
+    Dynamo runs this function eagerly while tracing and keeps only its (constant)
+    result, so the table is built once, in float64 rounded once, and the compiled graph
+    reads it as an input: a slice and an add, as in eager mode. Marked as a static
+    address so CUDA graphs do not copy it on every replay.
     """
     table = module._table(device, dtype)
     torch._dynamo.mark_static_address(table)
@@ -374,5 +400,25 @@ def _build_table_outside_graph(
 
 @torch.compiler.assume_constant_result
 def _constant_base(module: PositionalEncoding) -> float:
-    """``module.base`` as a constant of the traced graph (checked at construction, never changed)."""
+    """``module.base`` as a constant of the traced graph (checked at construction,
+    never changed)."""
     return module.base
+
+
+def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
+    """The encoding table in labml's layout: a drop-in for ``labml_nn``'s
+    ``get_positional_encoding``.
+
+    Unlike the classic float32 recipe, the values are within 2**-24 of the exact ones
+    at every position below 2**24, and any ``d_model`` (odd too) is accepted.
+
+    Args:
+        d_model: embedding width, a positive int.
+        max_len: number of positions, a positive int.
+
+    Returns:
+        float32 tensor of shape ``[max_len, 1, d_model]`` (sequence-first, with a
+        batch axis of 1 to broadcast).
+    """
+    max_len = _check_max_len(max_len)
+    return sinusoidal_encoding(max_len, d_model, dtype=torch.float32).unsqueeze(1)

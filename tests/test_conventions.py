@@ -1,16 +1,24 @@
 """Conventions in the wild (book/05_conventions.ipynb): the published sinusoidal tables, each restated here from its
-source in plain float64 code, are reproduced by posenc's ``layout=`` / ``frequencies=`` keywords to float64
-precision, odd widths included; the two layouts are a fixed channel permutation; the two schedules differ as
-derived. Restated (not copied) from:
+source in plain float64 code, are reproduced by posenc's ``layout=`` / ``frequencies=`` / ``base=`` keywords to
+float64 precision, odd widths included; the two layouts are a fixed channel permutation; the two schedules differ
+as derived. Restated (not copied) from:
 
 - fairseq ``SinusoidalPositionalEmbedding.get_embedding`` (also Hugging Face M2M100 / FSMT): concat, frequencies
   exp(-i ln(10000) / (d//2 - 1)), a zero channel for odd d, row ``padding_idx`` zeroed;
 - tensor2tensor ``common_attention.get_timing_signal_1d``: concat, inv_timescales min * exp(-i ln(max/min) /
   max(d//2 - 1, 1)), zero padding for odd d, positions ``arange(length) + start_index``;
-- Hugging Face ``MarianSinusoidalPositionalEmbedding._init_weight``: angles pos / 10000^(2 (j//2) / d) in float64,
-  ceil(d/2) sines then floor(d/2) cosines, cast to float32;
-- Whisper ``sinusoids``: as tensor2tensor with max_timescale, even d only;
-- x-transformers ``ScaledSinusoidalEmbedding``: concat, inv_freq theta^(-i / (d//2)), times a learned scale.
+- Hugging Face ``MarianSinusoidalPositionalEmbedding.create_weight`` (transformers 5.24.0; the same arithmetic was
+  ``_init_weight`` in 4.57.6): angles pos / 10000^(2 (j//2) / d) in float64, ceil(d/2) sines then floor(d/2)
+  cosines, cast to float32;
+- Whisper ``sinusoids``: as tensor2tensor with max_timescale, even d only, in torch's default dtype (no dtype is
+  named: float32 by default);
+- spotpython's ``PositionalEncoding`` (the PyTorch tutorial's, ``tests/classic.py``): the paper's table, in torch's
+  default dtype;
+- x-transformers ``ScaledSinusoidalEmbedding``: concat, inv_freq theta^(-i / (d//2)), times a learned scale;
+- positional-encodings 6.0.4 ``PositionalEncoding1D`` (``positional_encodings/torch_encodings.py``): channels =
+  ceil(d/2) * 2, inv_freq = 1 / 10000^(arange(0, channels, 2) / channels), sin and cos interleaved, cut to d
+  channels: for odd d the paper's table of width d + 1 without its last channel, a third odd-width convention that
+  posenc reproduces with base = 10000^(d / (d + 1)).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import PositionalEncoding, frequencies, offset_matrix, sinusoidal_encoding
+from tests.classic import SpotpythonPositionalEncoding
 
 U64 = 2.0**-53  # float64 unit roundoff
 bases = st.floats(1.0, 6.0).map(lambda e: 10.0**e)  # log-uniform in [10, 1e6]
@@ -95,8 +104,8 @@ def t2t_get_timing_signal_1d(
     return signal.reshape(1, length, channels)
 
 
-def marian_init_weight_literal(n_pos: int, dim: int) -> np.ndarray:
-    """Marian's _init_weight as written (Python loops), before the float32 cast: [n_pos, dim]."""
+def marian_create_weight_literal(n_pos: int, dim: int) -> np.ndarray:
+    """Marian's create_weight as written (Python loops), before the float32 cast: [n_pos, dim]."""
     position_enc = np.array(
         [
             [pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)]
@@ -146,6 +155,31 @@ def x_transformers_rows(
     inv_freq = theta**-freq_seq
     emb = pos.to(torch.float64)[:, None] * inv_freq[None, :]
     return torch.cat((emb.sin(), emb.cos()), dim=-1)
+
+
+def whisper_sinusoids_as_written(
+    length: int, channels: int, max_timescale: float = 10000
+) -> torch.Tensor:
+    """Whisper's sinusoids exactly as written, no dtype named (so torch's default dtype): [length, channels]."""
+    log_timescale_increment = math.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-log_timescale_increment * torch.arange(channels // 2))
+    scaled_time = torch.arange(length).view(-1, 1) * inv_timescales.view(1, -1)
+    return torch.cat([scaled_time.sin(), scaled_time.cos()], dim=1)
+
+
+def positional_encodings_1d_rows(pos: torch.Tensor, org_channels: int) -> torch.Tensor:
+    """positional-encodings' PositionalEncoding1D at positions ``pos`` (the package uses arange(seq_len)), in
+    float64 where the package uses float32 (``.float()``): [len(pos), org_channels]. The package returns this
+    table repeated over the batch, ``[batch, seq_len, org_channels]``."""
+    channels = int(np.ceil(org_channels / 2) * 2)
+    inv_freq = 1.0 / (
+        10000 ** (torch.arange(0, channels, 2, dtype=torch.float64) / channels)
+    )
+    pos_x = pos.to(torch.float64)
+    sin_inp_x = torch.einsum("i,j->ij", pos_x, inv_freq)
+    # get_emb: sin and cos of each frequency side by side (interleaved)
+    emb = torch.flatten(torch.stack((sin_inp_x.sin(), sin_inp_x.cos()), dim=-1), -2, -1)
+    return emb[:, :org_channels]
 
 
 def posenc_concat(
@@ -246,7 +280,7 @@ def test_marian_sinusoidal_table(d_model: int, rows: list[int]) -> None:
 @pytest.mark.parametrize("d_model", [1, 2, 3, 7, 8, 33])
 def test_marian_vectorised_restatement_is_the_literal_one(d_model: int) -> None:
     # the vectorised form used above performs the same element-wise operations as the literal loops
-    literal = marian_init_weight_literal(60, d_model)
+    literal = marian_create_weight_literal(60, d_model)
     assert np.array_equal(marian_rows(np.arange(60), d_model), literal)
     assert np.abs(
         literal - posenc_concat(torch.arange(60), d_model, "paper").numpy()
@@ -273,6 +307,67 @@ def test_x_transformers_scaled_sinusoidal(
     # i / (d/2) and 2i / d are the same rational, each correctly rounded: the same float64 exponent, so only
     # pow's and the angle's roundings differ (if at all)
     assert (reference - ours).abs().max().item() <= peer_tolerance(max(rows), base)
+
+
+@SETTINGS
+@given(d_model=st.integers(1, 1024), rows=position_lists)
+def test_positional_encodings_1d(d_model: int, rows: list[int]) -> None:
+    # odd d: frequencies 10000^(-2i/(d+1)) = (10000^(d/(d+1)))^(-2i/d), posenc's paper schedule with another base
+    p = torch.tensor(rows)
+    reference = positional_encodings_1d_rows(p, d_model)
+    tolerance = peer_tolerance(max(rows), 1e4)
+    base = 10000.0 ** (d_model / (d_model + 1)) if d_model % 2 else 10000.0
+    by_base = sinusoidal_encoding(p, d_model, base=base, dtype=torch.float64)
+    assert (reference - by_base).abs().max().item() <= tolerance
+    # equally: posenc's table of the even width d + d % 2, cut to d channels
+    wider = sinusoidal_encoding(p, d_model + d_model % 2, dtype=torch.float64)
+    assert (reference - wider[:, :d_model]).abs().max().item() <= tolerance
+
+
+@pytest.mark.parametrize(("d_model", "first_above_0_1"), [(7, 4), (63, 19), (511, 140)])
+def test_positional_encodings_odd_width_is_a_third_convention(
+    d_model: int, first_above_0_1: int
+) -> None:
+    # neither posenc's default odd-width table nor the zero-channel one (both interleaved, like the package's)
+    p = torch.arange(2000)
+    reference = positional_encodings_1d_rows(p, d_model)
+    default = sinusoidal_encoding(p, d_model, dtype=torch.float64)
+    t2t = sinusoidal_encoding(
+        p, d_model, dtype=torch.float64, frequencies="tensor2tensor"
+    )
+    gap = (reference - default).abs().amax(-1)
+    assert int(torch.nonzero(gap > 0.1)[0]) == first_above_0_1  # the chapter's numbers
+    assert (reference - t2t).abs().max().item() > 0.1
+    assert not torch.equal(reference[:, -1], torch.zeros(2000, dtype=torch.float64))
+
+
+@pytest.fixture
+def set_default_dtype():
+    previous = torch.get_default_dtype()
+    yield torch.set_default_dtype
+    torch.set_default_dtype(previous)
+
+
+@pytest.mark.parametrize("default", [torch.float32, torch.float64])
+def test_spotpython_and_whisper_follow_the_default_dtype(
+    default: torch.dtype, set_default_dtype
+) -> None:
+    set_default_dtype(default)
+    whisper = whisper_sinusoids_as_written(3000, 64)
+    spotpython = SpotpythonPositionalEncoding(64, 0.0, max_len=3000).pe[:, 0]
+    assert whisper.dtype == spotpython.dtype == default
+    p = torch.arange(3000)
+    errors = [
+        (whisper.double() - posenc_concat(p, 64, "tensor2tensor")).abs().max().item(),
+        (spotpython.double() - sinusoidal_encoding(p, 64, dtype=torch.float64))
+        .abs()
+        .max()
+        .item(),
+    ]
+    if default == torch.float64:  # the same tables as posenc's, to float64 rounding
+        assert max(errors) <= peer_tolerance(3000, 1e4)
+    else:  # float32 angles: far outside the float64 bound
+        assert min(errors) > 1e3 * peer_tolerance(3000, 1e4)
 
 
 # ----- the layouts are a fixed permutation --------------------------------------------------------------------------
