@@ -6,7 +6,8 @@
 - spotpython, ``spotpython/light/transformer/positionalEncoding.py`` (the PyTorch tutorial's module):
   ``PositionalEncoding(d_model, dropout_prob, max_len)``, table in a persistent buffer ``pe``.
 
-labml computes the angles in float32; spotpython in torch's default dtype (float32 by default) and expect x as ``[seq_len, batch, d_model]`` with even ``d_model``.
+labml computes the angles in float32, spotpython in torch's default dtype (float32 by default); both expect x as
+``[seq_len, batch, d_model]`` with even ``d_model``.
 """
 
 from __future__ import annotations
