@@ -18,42 +18,47 @@ SCHEDULES = ("paper", "tensor2tensor")
 
 
 def _check_d_model(d_model: object) -> int:
-    """Return `d_model` as an int, or raise naming the argument, the value and the fix."""
+    """Return `d_model` as an int, or raise naming the value and the fix."""
     if isinstance(d_model, bool):
         raise TypeError(
-            f"d_model must be a positive int (the embedding width), got {d_model!r}; pass e.g. d_model=512"
+            "d_model must be a positive int (the embedding width), "
+            f"got {d_model!r}; pass e.g. d_model=512"
         )
     if not isinstance(d_model, int):
         try:
-            d_model = operator.index(d_model)  # numpy ints and 0-d integer tensors
+            # numpy ints and 0-d integer tensors
+            d_model = operator.index(d_model)
         except TypeError:
             raise TypeError(
-                f"d_model must be a positive int (the embedding width), got {d_model!r} "
-                f"of type {type(d_model).__name__}; pass e.g. d_model=512"
+                "d_model must be a positive int (the embedding width), "
+                f"got {d_model!r} of type {type(d_model).__name__}; "
+                "pass e.g. d_model=512"
             ) from None
     if d_model < 1:
         raise ValueError(
-            f"d_model must be a positive int (the embedding width), got {d_model}; pass e.g. d_model=512"
+            "d_model must be a positive int (the embedding width), "
+            f"got {d_model}; pass e.g. d_model=512"
         )
     return d_model
 
 
 def _check_base(base: object) -> float:
-    """Return `base` as a float > 1, or raise naming the argument, the value and the fix."""
+    """Return `base` as a float > 1, or raise naming the value and the fix."""
     if isinstance(base, bool) or not isinstance(base, numbers.Real):
         raise TypeError(
-            f"base must be a real number > 1, got {base!r} of type {type(base).__name__}; the paper uses base=10000.0"
+            f"base must be a real number > 1, got {base!r} of type "
+            f"{type(base).__name__}; the paper uses base=10000.0"
         )
     if not (math.isfinite(base) and base > 1):
         raise ValueError(
-            f"base must be a finite number > 1 (wavelengths grow from 2*pi to 2*pi*base), got {base}; "
-            "the paper uses base=10000.0"
+            "base must be a finite number > 1 (wavelengths grow from 2*pi "
+            f"to 2*pi*base), got {base}; the paper uses base=10000.0"
         )
     return float(base)
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    """Return `value` if it is one of `choices`, else raise a ValueError listing them."""
+    """Return `value` if it is one of `choices`, else raise listing them."""
     if value not in choices:
         raise ValueError(
             f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
@@ -62,21 +67,32 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
 
 
 def _check_table_args(
-    d_model: object, base: object, layout: object, frequencies: object, dtype: object
+    d_model: object,
+    base: object,
+    layout: object,
+    frequencies: object,
+    dtype: object,
 ) -> tuple[int, float]:
-    """The checks shared by everything that builds a table: returns ``(d_model, base)``, validated."""
+    """The checks shared by everything that builds a table.
+
+    Returns ``(d_model, base)``, validated.
+    """
     d_model, base = _check_d_model(d_model), _check_base(base)
     _check_choice("layout", layout, LAYOUTS)
     _check_choice("frequencies", frequencies, SCHEDULES)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(
-            f"dtype must be a floating torch.dtype, got {dtype!r}; pass e.g. dtype=torch.float32"
+            f"dtype must be a floating torch.dtype, got {dtype!r}; "
+            "pass e.g. dtype=torch.float32"
         )
     return d_model, base
 
 
 def _check_integer_tensor(name: str, value: Tensor, fix: str) -> None:
-    """Raise a TypeError naming ``name`` unless ``value`` holds integers (bool excluded)."""
+    """Raise a TypeError naming ``name`` unless ``value`` holds integers.
+
+    Bool tensors are refused too.
+    """
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         raise TypeError(
             f"{name} must be an integer tensor, got dtype {value.dtype}; {fix}"
@@ -84,15 +100,17 @@ def _check_integer_tensor(name: str, value: Tensor, fix: str) -> None:
 
 
 def _check_int(name: str, value: object, fix: str) -> int:
-    """Return ``value`` as an int (Python, NumPy or 0-d tensor integers), or raise a TypeError naming ``name``."""
+    """Return ``value`` as an int, or raise a TypeError naming ``name``.
+
+    Python, NumPy and 0-d tensor integers are accepted; bool is not.
+    """
     if not isinstance(value, bool):
         try:
             return operator.index(value)
         except TypeError:
             pass
-    raise TypeError(
-        f"{name} must be an int or an integer tensor, got {type(value).__name__}; {fix}"
-    )
+    kind = type(value).__name__
+    raise TypeError(f"{name} must be an int or an integer tensor, got {kind}; {fix}")
 
 
 def frequencies(
@@ -102,14 +120,17 @@ def frequencies(
     dtype: torch.dtype = torch.float64,
     schedule: str = "paper",
 ) -> Tensor:
-    r"""The angular frequencies $\omega_i$ of the sinusoidal encoding, one per sine/cosine pair.
+    r"""The angular frequencies $\omega_i$ of the encoding, one per pair.
 
-    With ``schedule="paper"`` (Vaswani et al., 2017), $\omega_i = \text{base}^{-2i/d}$ for
-    $i = 0, \dots, \lceil d/2 \rceil - 1$: wavelengths $2\pi/\omega_i$ in geometric progression from
-    $2\pi$ towards $2\pi\cdot\text{base}$. With ``schedule="tensor2tensor"`` (tensor2tensor, fairseq,
-    Whisper), $\omega_i = \text{base}^{-i/(\lfloor d/2 \rfloor - 1)}$ for $i < \lfloor d/2 \rfloor$, so the
-    last pair reaches exactly $1/\text{base}$; for odd ``d_model`` a final frequency $0$ is appended (its sine
-    is the zero channel those libraries pad with).
+    With ``schedule="paper"`` (Vaswani et al., 2017),
+    $\omega_i = \text{base}^{-2i/d}$
+    for $i = 0, \dots, \lceil d/2 \rceil - 1$: wavelengths $2\pi/\omega_i$ in
+    geometric progression from $2\pi$ towards $2\pi\cdot\text{base}$. With
+    ``schedule="tensor2tensor"`` (tensor2tensor, fairseq, Whisper),
+    $\omega_i = \text{base}^{-i/(\lfloor d/2 \rfloor - 1)}$
+    for $i < \lfloor d/2 \rfloor$, so the last pair reaches exactly
+    $1/\text{base}$; for odd ``d_model`` a final frequency $0$ is appended
+    (its sine is the zero channel those libraries pad with).
 
     Args:
         d_model: embedding width $d$, a positive int.
@@ -118,7 +139,8 @@ def frequencies(
         schedule: ``"paper"`` or ``"tensor2tensor"``.
 
     Returns:
-        Tensor of shape ``[ceil(d_model / 2)]``, decreasing from $\omega_0 = 1$.
+        Tensor of shape ``[ceil(d_model / 2)]``, decreasing from
+        $\omega_0 = 1$.
     """
     d_model = _check_d_model(d_model)
     base = _check_base(base)
@@ -127,19 +149,43 @@ def frequencies(
 
 
 def _omega(d_model: int, base: float, schedule: str) -> Tensor:
-    """`frequencies` without argument checks, in float64: shape ``[ceil(d_model / 2)]``."""
+    """`frequencies` without argument checks, in float64: ``[ceil(d/2)]``."""
     n_pairs = (d_model + 1) // 2
     i = torch.arange(n_pairs, dtype=torch.float64)
     if schedule == "paper":
         # omega_i = base^(-2i/d)
         omega = torch.pow(base, -2.0 * i / d_model)
     else:
-        # omega_i = base^(-i/(d//2 - 1)) on the d//2 pairs; tensor2tensor guards d//2 == 1 with max(., 1)
+        # omega_i = base^(-i/(d//2 - 1)) on the d//2 pairs;
+        # tensor2tensor guards d//2 == 1 with max(., 1)
         m = d_model // 2
         omega = torch.pow(base, -i / max(m - 1, 1))
         if d_model % 2:
             omega[-1] = 0.0
     return omega
+
+
+def _encode(
+    p: Tensor,
+    d_model: int,
+    base: float,
+    layout: str,
+    schedule: str,
+) -> Tensor:
+    """The float64 table for float64 positions p: [*p.shape, d_model]."""
+    omega = _omega(d_model, base, schedule).to(p.device)  # [ceil(d/2)]
+    # angle[..., i] = p * omega_i, in float64
+    angle = p.unsqueeze(-1) * omega
+    sin, cos = torch.sin(angle), torch.cos(angle)
+    if layout == "interleaved":
+        # [sin w0, cos w0, sin w1, ...]; odd d_model: the last cosine dropped
+        return torch.stack((sin, cos), dim=-1).flatten(-2)[..., :d_model]
+    if schedule == "tensor2tensor" and d_model % 2:
+        # [sines | cosines | zero channel], as tensor2tensor pads odd widths
+        zero = sin[..., -1:]  # sin(p * 0): the zero channel
+        return torch.cat((sin[..., :-1], cos[..., :-1], zero), dim=-1)
+    # [all ceil(d/2) sines | the floor(d/2) paired cosines]
+    return torch.cat((sin, cos[..., : d_model // 2]), dim=-1)
 
 
 def sinusoidal_encoding(
@@ -152,28 +198,33 @@ def sinusoidal_encoding(
     layout: str = "interleaved",
     frequencies: str = "paper",
 ) -> Tensor:
-    r"""The sinusoidal positional encoding $PE[p, 2i] = \sin(p\,\omega_i)$, $PE[p, 2i+1] = \cos(p\,\omega_i)$.
+    r"""The sinusoidal positional encoding of ``positions``.
 
-    The angles $p\,\omega_i$ and their sines and cosines are computed in float64 and rounded once to
-    ``dtype``, so a float32 result is within $2^{-24}$ (absolute) of the exact value for every position below
-    $2^{24}$, and float16/bfloat16 results are the float64 values rounded once (the angles are never formed
-    in half precision).
+    $PE[p, 2i] = \sin(p\,\omega_i)$ and $PE[p, 2i+1] = \cos(p\,\omega_i)$.
+    The angles $p\,\omega_i$ and their sines and cosines are computed in
+    float64 and rounded once to ``dtype``, so a float32 result is within
+    $2^{-24}$ (absolute) of the exact value for every position below
+    $2^{24}$, and float16/bfloat16 results are the float64 values rounded
+    once (the angles are never formed in half precision).
 
     Args:
-        positions: an int ``n`` (the positions ``0, ..., n-1``) or an integer tensor of any shape holding
-            non-negative positions.
-        d_model: embedding width $d$, a positive int. For odd ``d_model`` the last channel is a sine with
-            no cosine partner.
+        positions: an int ``n`` (the positions ``0, ..., n-1``) or an integer
+            tensor of any shape holding non-negative positions.
+        d_model: embedding width $d$, a positive int. For odd ``d_model`` the
+            last channel is a sine with no cosine partner.
         base: the base of the frequency progression, a number > 1.
         dtype: floating dtype of the result.
-        device: device of the result; default: the device of ``positions`` (CPU for an int).
-        layout: ``"interleaved"`` (sin, cos, sin, cos, ... as in the paper) or ``"concat"``
-            (all sines, then all cosines, as in tensor2tensor and fairseq).
-        frequencies: the frequency schedule, ``"paper"`` or ``"tensor2tensor"`` (see
-            :func:`posenc.frequencies`).
+        device: device of the result; default: the device of ``positions``
+            (CPU for an int).
+        layout: ``"interleaved"`` (sin, cos, sin, cos, ... as in the paper)
+            or ``"concat"`` (all sines, then all cosines, as in tensor2tensor
+            and fairseq).
+        frequencies: the frequency schedule, ``"paper"`` or
+            ``"tensor2tensor"`` (see :func:`posenc.frequencies`).
 
     Returns:
-        Tensor of shape ``[n, d_model]`` for an int, ``[*positions.shape, d_model]`` for a tensor.
+        Tensor of shape ``[n, d_model]`` for an int,
+        ``[*positions.shape, d_model]`` for a tensor.
     """
     d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(positions, Tensor):
@@ -182,7 +233,8 @@ def sinusoidal_encoding(
             positions,
             "pass e.g. positions.long() (token indices 0, 1, 2, ...)",
         )
-        # (a value check: skipped under torch.compile and on the meta device, where values are unknown)
+        # a value check: skipped under torch.compile and on the meta device,
+        # where values are unknown
         checkable = (
             not torch.compiler.is_compiling() and positions.device.type != "meta"
         )
@@ -206,33 +258,24 @@ def sinusoidal_encoding(
                 f"positions must be >= 0 when given as a count n, got {positions}"
             )
         p = torch.arange(positions, dtype=torch.float64, device=device)
-    omega = _omega(d_model, base, frequencies).to(p.device)
-    # angle[..., i] = p * omega_i, in float64
-    angle = p.unsqueeze(-1) * omega
-    sin, cos = torch.sin(angle), torch.cos(angle)
-    if layout == "interleaved":
-        # [sin w0, cos w0, sin w1, cos w1, ...]; for odd d_model the last cosine is dropped
-        pe = torch.stack((sin, cos), dim=-1).flatten(-2)[..., :d_model]
-    elif frequencies == "tensor2tensor" and d_model % 2:
-        # [sines | cosines | zero channel], as tensor2tensor and fairseq pad odd widths
-        pe = torch.cat((sin[..., :-1], cos[..., :-1], sin[..., -1:]), dim=-1)
-    else:
-        # [all ceil(d/2) sines | the floor(d/2) paired cosines]
-        pe = torch.cat((sin, cos[..., : d_model // 2]), dim=-1)
-    return _round_once(pe, dtype)
+    return _round_once(_encode(p, d_model, base, layout, frequencies), dtype)
 
 
 def _round_once(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """Round float64 ``x`` to ``dtype`` once (to nearest, ties to even): same shape as ``x``.
+    """Round float64 ``x`` to ``dtype`` once (to nearest, ties to even).
 
-    ``Tensor.to`` converts float64 to float16 and bfloat16 through float32, rounding twice. Rounding first to
-    float32 *to odd* (towards zero, then setting the last bit of inexact results) makes the two roundings
-    equal to one, since float32 carries at least two more bits than either target (Boldo and Melquiond, 2008).
+    ``Tensor.to`` converts float64 to float16 and bfloat16 through float32,
+    rounding twice. Rounding first to float32 *to odd* (towards zero, then
+    setting the last bit of inexact results) makes the two roundings equal to
+    one, since float32 carries at least two more bits than either target
+    (Boldo and Melquiond, 2008). Returns a tensor of the shape of ``x``.
     """
     if dtype not in (torch.float16, torch.bfloat16):
-        return x.to(dtype)  # float64 -> float32 (or float64) is a single rounding
+        # float64 -> float32 (or float64) is a single rounding
+        return x.to(dtype)
     y = x.to(torch.float32)
-    # round to odd: step back towards zero where rounding went away from it, then make inexact results odd
+    # round to odd: step back towards zero where rounding went away from
+    # it, then make inexact results odd
     y = torch.where(
         y.double().abs() > x.abs(), torch.nextafter(y, torch.zeros_like(y)), y
     )
