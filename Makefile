@@ -17,7 +17,7 @@ help:
 	@echo "make export     regenerate posenc/ from the notebooks' exported cells"
 	@echo "make lab        open JupyterLab on book/ with the project's environment"
 	@echo "make lint       ruff on the package, tests, tools and notebooks"
-	@echo "make bench      time posenc against the classic recipes and the roofline -> benchmarks/results/"
+	@echo "make bench      time posenc against the classic recipes, Hugging Face rotary and the copy bandwidth -> benchmarks/results/"
 	@echo "make experiment train tiny transformers with each positional scheme (~20 min) -> experiments/results/"
 	@echo "make gpu-check  on a CUDA machine (plain python3 with torch and pytest): GPU tests + benchmark"
 
@@ -75,6 +75,7 @@ lint: $(STAMP)
 # Full sizes on CPU (and CUDA when available), with the torch.compile variants; a few minutes.
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py --compiled
+	$(PY) benchmarks/bench_rotary.py
 
 # Tiny decoders with each positional scheme on copy and reverse, 3 seeds; about 20 minutes on 2 CPU cores.
 experiment: $(STAMP)

@@ -1,4 +1,4 @@
-"""Benchmark ``posenc.PositionalEncoding`` against the classic table-and-slice recipes and the memory roofline.
+"""Benchmark ``posenc.PositionalEncoding`` against the classic table-and-slice recipes and the machine's bandwidth.
 
     python benchmarks/bench.py                       # full sizes, CPU (and CUDA if available) -> results/*.json
     python benchmarks/bench.py --device cuda         # CUDA only (what `make gpu-check` runs)
@@ -6,19 +6,22 @@
 
 Method. Each shape ``(seq_len, batch, d_model)`` is timed with ``torch.utils.benchmark`` in short rounds: a round
 times one block of each variant (as many calls as take about 2 ms), the variants' order rotated from round to
-round, and rounds repeat for a few seconds. The figure of merit is the ratio ``roofline time / variant time`` taken
+round, and rounds repeat for a few seconds. The figure of merit is the ratio ``baseline time / variant time`` taken
 within each round, so a burst of load from another process hits both sides, reported as the median over the rounds
-with its quartiles. Higher is better; 1.0 is the roofline.
+with its quartiles. Higher is better. (The baseline is stored under the key ``"roofline"`` in the results files,
+its name in earlier versions; it is a baseline, not a roofline in the strict sense.)
 
-- eval mode (under ``torch.no_grad()``): the roofline is ``torch.add(x, 1.0)``: one read of x and one write of the
+- eval mode (under ``torch.no_grad()``): the baseline is ``torch.add(x, 1.0)``: one read of x and one write of the
   output, the least any ``x + PE`` can move. A method that reads a table also reads its rows; ``add_rows``
-  (``x + rows``, rows an independent ``[seq_len, 1, d_model]`` tensor) is that floor for table readers.
-- train mode (dropout 0.1, ``x.requires_grad``): the roofline is ``dropout(x)`` alone.
+  (``x + rows``, rows an independent ``[seq_len, 1, d_model]`` tensor) is that floor for table readers. The
+  machine's achievable bandwidth for the same bytes is measured by ``copy`` (``x.clone()``: one read, one write),
+  and every variant's bytes per second are reported as a fraction of it (``fraction_of_copy_bandwidth``).
+- train mode (dropout 0.1, ``x.requires_grad``): the baseline is ``dropout(x)`` alone.
 
 The variants are posenc, restatements of labml's and spotpython's modules (``tests/classic.py``), and with
 ``--compiled``: posenc under ``torch.compile`` (which reads the same table) and the encoding computed on the fly
 inside one fused kernel (``torch.compile`` of ``x + where(even, sin, cos)(p * omega)`` in float64), which reads no
-table at all. On CUDA, the device-to-device copy ``x.clone()`` gives the bandwidth to compare with.
+table at all.
 
 On CPU, glibc returns a freed multi-megabyte block to the kernel and the next output of the same size page-faults
 on every page, which costs more than the arithmetic. The script re-executes itself with

@@ -281,7 +281,7 @@ def _swap_pairs(x: Tensor, layout: str) -> Tensor:
     """The two channels of every pair exchanged: ``[..., r] -> [..., r]``."""
     if layout == "interleaved":  # [..., (r/2, 2)]: flip each pair
         return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-    return x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)  # [..., (2, r/2)]: the halves
+    return torch.roll(x, x.shape[-1] // 2, -1)  # [..., (2, r/2)]: the halves, one op
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
@@ -477,6 +477,10 @@ def apply_rotary(
     return _rotate(x, _broadcast_to_x(cos, x), _broadcast_to_x(sin, x), layout)
 
 
+#: q and k of at most this many elements each are rotated together (decoding steps)
+_STACK_LIMIT = 1 << 16
+
+
 class RotaryEmbedding(nn.Module):
     r"""Rotary position embeddings for queries and keys, with a cached table.
 
@@ -618,6 +622,16 @@ class RotaryEmbedding(nn.Module):
             _check_positions_shape(positions, q, "q")
             cos, sin = self._compute(positions.to(q.device), dtype)
             cos, sin = _broadcast_to_x(cos, q), _broadcast_to_x(sin, q)
+        if (
+            q.shape == k.shape
+            and q.dtype == k.dtype
+            and q.numel() <= _STACK_LIMIT
+            and not torch.compiler.is_compiling()
+        ):
+            # a decoding step: q and k rotated as one stacked tensor, half the kernel
+            # launches; elementwise, so bitwise what rotating each one gives
+            both = _rotate(torch.stack((q, k)), cos, sin, self.layout)
+            return both[0], both[1]
         q_out = _rotate(q, cos, sin, self.layout)
         if _compute_dtype(k) != dtype:  # rare: q and k of different dtypes
             cos, sin = cos.to(_compute_dtype(k)), sin.to(_compute_dtype(k))

@@ -37,7 +37,7 @@ def test_metadata_is_clean_and_cells_ran_in_order(path: Path) -> None:
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
     counts = []
     for cell in nb["cells"]:
-        assert set(cell.get("metadata", {})) <= {"tags", "mystnb"}, (
+        assert set(cell.get("metadata", {})) <= {"tags", "mystnb", "posenc"}, (
             f"{path.name}: unexpected cell metadata {cell['metadata']}"
         )
         if cell["cell_type"] == "code":

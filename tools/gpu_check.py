@@ -118,16 +118,28 @@ def run_tests() -> dict[str, object]:
         return summary
 
 
-def run_benchmark(out: Path) -> dict[str, object]:
-    command = [
-        sys.executable,
-        "benchmarks/bench.py",
-        "--device",
-        "cuda",
-        "--out",
-        str(out),
-    ]
-    command += ["--seconds", "3", "--block-ms", "1", "--budget-s", str(BENCH_BUDGET_S)]
+def run_benchmark(out: Path, *, rotary: bool = False) -> dict[str, object]:
+    """``benchmarks/bench.py`` (or, with ``rotary``, ``benchmarks/bench_rotary.py``, eager only) on CUDA."""
+    if rotary:
+        command = [sys.executable, "benchmarks/bench_rotary.py", "--device", "cuda",
+                   "--out", str(out), "--seconds", "3", "--no-compiled"]  # fmt: skip
+    else:
+        command = [
+            sys.executable,
+            "benchmarks/bench.py",
+            "--device",
+            "cuda",
+            "--out",
+            str(out),
+        ]
+        command += [
+            "--seconds",
+            "3",
+            "--block-ms",
+            "1",
+            "--budget-s",
+            str(BENCH_BUDGET_S),
+        ]
     start = time.perf_counter()
     try:
         proc = subprocess.run(
@@ -171,6 +183,11 @@ def main() -> int:
             if bench_file.exists()
             else {"results": [], "goals": []}
         )
+        rotary_file = Path(tmp) / "rotary.json"
+        rotary = run_benchmark(rotary_file, rotary=True)
+        print(rotary.get("output_tail", rotary.get("error", "")))
+        if rotary_file.exists():
+            record["rotary"] = json.loads(rotary_file.read_text())
     now = dt.datetime.now(dt.timezone.utc)
     record.setdefault("date", now.date().isoformat())
     record.setdefault("datetime_utc", now.isoformat(timespec="seconds"))
@@ -185,6 +202,9 @@ def main() -> int:
     )
     record["tests"] = tests
     record["benchmark_run"] = {k: v for k, v in bench.items() if k != "output_tail"}
+    record["rotary_benchmark_run"] = {
+        k: v for k, v in rotary.items() if k != "output_tail"
+    }
     record["gpu_check_wall_s"] = round(time.perf_counter() - start, 1)
     path = ROOT / "benchmarks" / "results" / f"gpu-{record['date']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

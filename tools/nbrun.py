@@ -9,6 +9,7 @@ renumbered from 1 and metadata is reduced to the kernelspec and language name, s
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.nbval_plugin import drop_torch_notices  # noqa: E402
 
-KEEP_CELL_METADATA = {"tags", "mystnb"}
+KEEP_CELL_METADATA = {"tags", "mystnb", "posenc"}
 
 
 def clean(nb: nbformat.NotebookNode) -> None:
@@ -75,21 +76,29 @@ def _coalesce_streams(outputs: list) -> list:
     return merged
 
 
+def _source_hash(cell: nbformat.NotebookNode) -> str:
+    return hashlib.sha256("".join(cell.source).encode()).hexdigest()[:16]
+
+
 def _ignored_outputs(nb: nbformat.NotebookNode) -> dict[str, list]:
-    """Stored outputs of the cells whose output nbval ignores (live timings, the machine's name), by source."""
-    return {
-        "".join(cell.source): cell.outputs
-        for cell in nb.cells
-        if cell.cell_type == "code"
-        and "nbval-ignore-output" in cell.metadata.get("tags", [])
-        and cell.get("outputs")
-    }
+    """Stored outputs of the cells whose output nbval ignores (live timings, the machine's name), keyed by the
+    hash of the source that produced them (recorded in the cell's ``posenc.source`` metadata)."""
+    kept = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "nbval-ignore-output" not in cell.metadata.get(
+            "tags", []
+        ):
+            continue
+        produced_by = cell.metadata.get("posenc", {}).get("source")
+        if produced_by == _source_hash(cell) and cell.get("outputs"):
+            kept[produced_by] = cell.outputs
+    return kept
 
 
 def run(path: Path, *, refresh_ignored: bool = False) -> None:
     """Execute ``path`` in place. A cell whose output nbval ignores keeps its stored output when its source is
-    unchanged (unless ``refresh_ignored``): its output varies from run to run by nature, and re-running the
-    notebooks must leave an unchanged repository unchanged."""
+    the one that produced it (unless ``refresh_ignored``): its output varies from run to run by nature, and
+    re-running the notebooks must leave an unchanged repository unchanged."""
     nb = nbformat.read(path, as_version=4)
     kept = {} if refresh_ignored else _ignored_outputs(nb)
     start = time.perf_counter()
@@ -102,9 +111,13 @@ def run(path: Path, *, refresh_ignored: bool = False) -> None:
         resources={"metadata": {"path": env_cwd}},
     ).execute()
     for cell in nb.cells:
-        source = "".join(cell.source)
-        if cell.cell_type == "code" and source in kept:
-            cell.outputs = kept[source]
+        if cell.cell_type == "code" and "nbval-ignore-output" in cell.metadata.get(
+            "tags", []
+        ):
+            digest = _source_hash(cell)
+            if digest in kept:
+                cell.outputs = kept[digest]
+            cell.metadata["posenc"] = {"source": digest}
     clean(nb)
     nbformat.write(nb, path)
     print(
