@@ -168,10 +168,13 @@ class CausalSelfAttention(nn.Module):
 
         Args:
             x: the new tokens, ``[batch, t, d_model]``.
-            positions: their positions, int64 ``[t]`` or ``[batch, t]`` (used by rotary).
-            cache: the cache of the earlier tokens' keys and values and this layer's index in it.
-            valid: bool ``[batch, t_past + t]``, False for left padding, which no token attends to
-                (a padding token attends to itself only); None: every token is real.
+            positions: their positions, int64 ``[t]`` or ``[batch, t]`` (used by
+                rotary).
+            cache: the cache of the earlier tokens' keys and values and this layer's
+                index in it.
+            valid: bool ``[batch, t_past + t]``, False for left padding, which no
+                token attends to (a padding token attends to itself only); None:
+                every token is real.
 
         Returns:
             ``(y, weights)``: ``y`` ``[batch, t, d_model]`` and the attention weights
@@ -272,22 +275,26 @@ class TinyDecoder(nn.Module):
         """Next-token logits for every token of ``tokens``.
 
         Args:
-            tokens: int64 ``[batch, t]``: a whole sequence, or the next tokens after those in ``cache``.
-            positions: int64 ``[t]`` or ``[batch, t]``; default ``t_past, ..., t_past + t - 1``, where
-                ``t_past`` is the number of tokens in ``cache`` (0 without one). Left padding must be
-                given its own positions so that each real sequence starts at 0.
-            cache: a :class:`KVCache` to read and extend (incremental decoding), or None.
-            valid: bool ``[batch, t]``, False for left-padding tokens (batched prompts of different
-                lengths); None: all real. Right padding needs no mask: under the causal mask no real
-                token sees it.
+            tokens: int64 ``[batch, t]``: a whole sequence, or the next tokens after
+                those in ``cache``.
+            positions: int64 ``[t]`` or ``[batch, t]``; default
+                ``t_past, ..., t_past + t - 1``, where ``t_past`` is the number of
+                tokens in ``cache`` (0 without one). Left padding must be given its
+                own positions so that each real sequence starts at 0.
+            cache: a :class:`KVCache` to read and extend (incremental decoding), or
+                None.
+            valid: bool ``[batch, t]``, False for left-padding tokens (batched
+                prompts of different lengths); None: all real. Right padding needs no
+                mask: under the causal mask no real token sees it.
             return_attention: also return each layer's attention weights.
 
         Returns:
-            logits ``[batch, t, vocab_size]``; with ``return_attention``, also a list of ``n_layers``
-            tensors ``[batch, heads, t, t_past + t]``.
+            logits ``[batch, t, vocab_size]``; with ``return_attention``, also a
+            list of ``n_layers`` tensors ``[batch, heads, t, t_past + t]``.
 
         Raises:
-            PositionOutOfRange: for ``"learned"``, a position >= ``max_positions`` (no table row).
+            PositionOutOfRange: for ``"learned"``, a position >= ``max_positions`` (no
+                table row).
         """
         t_past = cache.length if cache is not None else 0
         if positions is None:
@@ -306,11 +313,13 @@ class TinyDecoder(nn.Module):
         if self.learned is not None:
             top = int(positions.max())
             if top >= self.config.max_positions:
+                rows = self.config.max_positions
                 raise PositionOutOfRange(
-                    f"the learned table has {self.config.max_positions} rows (positions 0.."
-                    f"{self.config.max_positions - 1}, the longest training sequence), got position {top}: "
-                    "a learned absolute encoding is not defined past its table; evaluate sequences of at most "
-                    f"{self.config.max_positions} tokens, or use a scheme defined at every position"
+                    f"the learned table has {rows} rows (positions 0..{rows - 1}, "
+                    f"the longest training sequence), got position {top}: a learned "
+                    "absolute encoding is not defined past its table; evaluate "
+                    f"sequences of at most {rows} tokens, or use a scheme defined "
+                    "at every position"
                 )
             x = x + self.learned(positions)
         if self.sinusoidal is not None:

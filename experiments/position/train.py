@@ -85,9 +85,10 @@ def train(
 ) -> list[float]:
     """Train ``model`` in place on ``task``; returns the loss of every step.
 
-    Each batch is sorted by length and cut into ``config.buckets`` groups, each trimmed to its own longest
-    sequence (the right padding of the short ones is never computed); the loss is the mean over every
-    answer token of the batch, as if it were one tensor.
+    Each batch is sorted by length and cut into ``config.buckets`` groups, each
+    trimmed to its own longest sequence (the right padding of the short ones is never
+    computed); the loss is the mean over every answer token of the batch, as if it
+    were one tensor.
     """
     model.train()
     optimizer = torch.optim.AdamW(
@@ -133,13 +134,16 @@ def train(
 def greedy_answers(
     model: TinyDecoder, prompts: Tensor, valid: Tensor, positions: Tensor, n_new: int
 ) -> Tensor:
-    """Generate ``n_new`` tokens after each (left-padded) prompt, each the argmax given the ones before.
+    """Generate ``n_new`` tokens after each (left-padded) prompt, each the argmax
+    given the ones before.
 
     Args:
         model: the decoder.
-        prompts: int64 ``[batch, w]``, each row ``[PAD ...] [BOS] x [SEP]``, padded on the left.
+        prompts: int64 ``[batch, w]``, each row ``[PAD ...] [BOS] x [SEP]``, padded on
+            the left.
         valid: bool ``[batch, w]``, False on the padding.
-        positions: int64 ``[batch, w + n_new - 1]``, the position of every token fed in.
+        positions: int64 ``[batch, w + n_new - 1]``, the position of every token fed
+            in.
         n_new: number of tokens to generate.
 
     Returns:
