@@ -14,6 +14,7 @@ Exits non-zero when any step or test fails, or when no test ran.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -91,7 +92,7 @@ def main() -> int:
         result = subprocess.run(
             [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null",
              "--rootdir", work, "-p", "tests.nbval_plugin", "-m", "not gpu", *tests],
-            cwd=work, env={**_env(), "PYTHONPATH": str(work)},
+            cwd=work, env={**os.environ, "PYTHONPATH": str(work)},
         )  # fmt: skip
     if result.returncode != 0:
         print(f"floor_check: the package tests failed on torch {version} (exit {result.returncode};"
@@ -99,12 +100,6 @@ def main() -> int:
         return 1
     print(f"floor_check: the package tests pass on torch {version}")
     return 0
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
 
 
 if __name__ == "__main__":
