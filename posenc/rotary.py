@@ -479,6 +479,8 @@ def apply_rotary(
 
 #: q and k of at most this many elements each are rotated together (decoding steps)
 _STACK_LIMIT = 1 << 16
+#: dtypes rotated in their own precision (float16 and bfloat16 are rotated in float32)
+_OWN_PRECISION = (torch.float32, torch.float64)
 
 
 class RotaryEmbedding(nn.Module):
@@ -593,6 +595,51 @@ class RotaryEmbedding(nn.Module):
         Returns:
             ``(q, k)`` rotated: the shapes, dtypes and device of the inputs.
         """
+        if (
+            positions is None
+            and offset.__class__ is int
+            and q.__class__ is Tensor
+            and k.__class__ is Tensor
+            and not torch.compiler.is_compiling()
+        ):
+            rotated = self._common_case(q, k, offset)
+            if rotated is not None:
+                return rotated
+        return self._forward_checked(q, k, offset, positions)
+
+    def _common_case(
+        self, q: Tensor, k: Tensor, offset: int
+    ) -> tuple[Tensor, Tensor] | None:
+        """The common call, checked cheaply: q and k of one shape and dtype, float32 or
+        float64, every position inside the cached table. ``None`` when any condition
+        fails: the full path then checks everything and says what is wrong."""
+        shape = q.shape
+        if not (
+            offset >= 0
+            and len(shape) >= 2
+            and k.shape == shape
+            and shape[-1] == self.head_dim
+            and k.dtype == q.dtype
+            and q.dtype in _OWN_PRECISION
+            and offset + shape[-2] <= self.max_len
+        ):
+            return None
+        cos, sin = self._table(q.device, q.dtype)
+        end = offset + shape[-2]
+        if end - offset == 1:  # a decoding step: one row, [rotary_dim], broadcast
+            cos, sin = cos[offset], sin[offset]
+        else:
+            cos, sin = cos[offset:end], sin[offset:end]
+        if q.numel() <= _STACK_LIMIT:
+            # q and k rotated as one stacked tensor, half the kernel launches;
+            # elementwise, so bitwise what rotating each one gives
+            return _rotate(torch.stack((q, k)), cos, sin, self.layout).unbind(0)
+        return _rotate(q, cos, sin, self.layout), _rotate(k, cos, sin, self.layout)
+
+    def _forward_checked(
+        self, q: Tensor, k: Tensor, offset: object, positions: object
+    ) -> tuple[Tensor, Tensor]:
+        """Every other call: each argument checked, then the same rotation."""
         q, k = _check_q_k(q, k, self.head_dim)
         dtype = _compute_dtype(q)
         if positions is None:
@@ -627,11 +674,8 @@ class RotaryEmbedding(nn.Module):
             and q.dtype == k.dtype
             and q.numel() <= _STACK_LIMIT
             and not torch.compiler.is_compiling()
-        ):
-            # a decoding step: q and k rotated as one stacked tensor, half the kernel
-            # launches; elementwise, so bitwise what rotating each one gives
-            both = _rotate(torch.stack((q, k)), cos, sin, self.layout)
-            return both[0], both[1]
+        ):  # q and k stacked, as in _common_case
+            return _rotate(torch.stack((q, k)), cos, sin, self.layout).unbind(0)
         q_out = _rotate(q, cos, sin, self.layout)
         if _compute_dtype(k) != dtype:  # rare: q and k of different dtypes
             cos, sin = cos.to(_compute_dtype(k)), sin.to(_compute_dtype(k))

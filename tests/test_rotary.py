@@ -557,6 +557,34 @@ def test_decoding_token_by_token_is_bitwise_the_full_forward(max_len):
         )
 
 
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("rotary_dim", [None, 12])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize(
+    "shape", [(1, 4, 1, 16), (2, 4, 6, 16), (3, 16), (2, 64, 33, 16), (0, 4, 1, 16)]
+)
+def test_common_case_path_is_bitwise_the_checked_path(layout, rotary_dim, dtype, shape):
+    # forward() rotates the common call (q, k of one shape and dtype, float32/float64,
+    # positions inside the table) after a few cheap checks; the fully checked path
+    # must give the same bits: seq_len 1 reads one row, (2, 64, 33, 16) is past the
+    # stacking limit, (0, ...) is empty
+    torch.manual_seed(14)
+    rope = RotaryEmbedding(16, layout=layout, rotary_dim=rotary_dim, max_len=64)
+    q, k = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    for offset in (0, 5, 64 - shape[-2]):
+        fast = rope._common_case(q, k, offset)
+        assert fast is not None
+        slow = rope._forward_checked(q, k, offset, None)
+        assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+        assert all(a.shape == shape and a.dtype == dtype for a in fast)
+    # outside the common case it declines, and forward takes the checked path
+    assert rope._common_case(q, k, 64 - shape[-2] + 1) is None  # past the table
+    assert rope._common_case(q.half(), k.half(), 0) is None  # rotated in float32
+    assert rope._common_case(q, k[..., :1, :], 0) is None or shape[-2] == 1
+    kw = {"layout": layout, "rotary_dim": rotary_dim}
+    assert torch.equal(rope(q.half(), k.half())[0], apply_rotary(q.half(), **kw))
+
+
 def test_per_sequence_positions_give_the_packed_result():
     torch.manual_seed(13)
     rope = RotaryEmbedding(16, max_len=16)

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from .model import SCHEMES
-from .tasks import TASKS
+from .tasks import N_SYMBOLS, TASKS, VOCAB_SIZE
 from .train import TrainConfig, run
 
 SCHEMA = "posenc.position-matters/1"
@@ -149,6 +149,11 @@ def sweep(
         "workers": workers if device == "cpu" else 1,
         "threads_per_run": 1,
         "settings": {**asdict(config), "decoding": "greedy, KV cache"},
+        "vocabulary": {
+            "symbols": N_SYMBOLS,
+            "special_tokens": ["PAD", "BOS", "SEP", "EOS"],
+            "size": VOCAB_SIZE,
+        },
         "tasks": list(tasks),
         "schemes": list(schemes),
         "seeds": list(seeds),
@@ -275,6 +280,7 @@ def check_schema(results: dict[str, Any]) -> list[str]:
         "cpu_seconds": (int, float),
         "machine": dict,
         "settings": dict,
+        "vocabulary": dict,
         "tasks": list,
         "schemes": list,
         "seeds": list,
@@ -291,6 +297,11 @@ def check_schema(results: dict[str, Any]) -> list[str]:
     for key in ("torch", "cpu", "platform", "device"):
         if key not in results["machine"]:
             problems.append(f"machine.{key} missing")
+    if results["vocabulary"].get("size") != VOCAB_SIZE:
+        problems.append(
+            f"vocabulary.size: {results['vocabulary'].get('size')!r}, the harness "
+            f"uses {VOCAB_SIZE}"
+        )
     settings = results["settings"]
     try:
         config = replace(FULL, **{k: v for k, v in settings.items() if k != "decoding"})
