@@ -1,6 +1,6 @@
 """Does position matter? Train tiny decoders with each positional scheme and measure them at every length.
 
-    python -m experiments.run                  # the full sweep on CPU (make experiment), ~20 minutes on 2 cores
+    python -m experiments.run                  # the full sweep on CPU (make experiment), ~22 minutes on 2 cores
     python -m experiments.run --quick          # a smoke run, under a minute; writes nothing unless --out
     python -m experiments.run --device cuda    # the full sweep on a GPU, one run at a time
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         help="parallel CPU processes, one thread each (default: up to 2)",
     )
     parser.add_argument(
-        "--tasks", nargs="+", choices=TASKS, help="default: copy reverse"
+        "--tasks", nargs="+", choices=TASKS, help="default: copy reverse sort"
     )
     parser.add_argument(
         "--schemes", nargs="+", choices=SCHEMES, help="default: all six"

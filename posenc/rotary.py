@@ -299,6 +299,10 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     return out.to(x.dtype) if low else out
 
 
+#: dtypes rotated in their own precision (float16 and bfloat16 are rotated in float32)
+_OWN_PRECISION = (torch.float32, torch.float64)
+
+
 def _compute_dtype(x: Tensor) -> torch.dtype:
     """float16/bfloat16 inputs are rotated in float32; others in their own dtype."""
     low = x.dtype in (torch.float16, torch.bfloat16)
@@ -450,6 +454,16 @@ def apply_rotary(
     Returns:
         Tensor of ``x``'s shape, dtype and device.
     """
+    if (
+        cos.__class__ is Tensor
+        and sin.__class__ is Tensor
+        and x.__class__ is Tensor
+        and positions is None
+        and not torch.compiler.is_compiling()
+    ):
+        rotated = _rotate_given_tables(x, cos, sin, layout, rotary_dim)  # type: ignore[arg-type]
+        if rotated is not None:
+            return rotated
     x = _check_x("x", x)
     _check_choice("layout", layout, ROTARY_LAYOUTS)
     dtype = _compute_dtype(x)
@@ -477,10 +491,34 @@ def apply_rotary(
     return _rotate(x, _broadcast_to_x(cos, x), _broadcast_to_x(sin, x), layout)
 
 
+def _rotate_given_tables(
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int | None
+) -> Tensor | None:
+    """``apply_rotary(x, cos=cos, sin=sin)`` for the common call, checked cheaply: x,
+    cos and sin of one float32/float64 dtype and one device, tables ``[seq_len,
+    head_dim]``. ``None`` when any condition fails: apply_rotary then checks
+    everything, says what is wrong, or converts the tables."""
+    shape, r = x.shape, cos.shape[-1] if cos.dim() == 2 else -1
+    if not (
+        len(shape) >= 2
+        and x.dtype in _OWN_PRECISION
+        and cos.dtype == x.dtype
+        and sin.dtype == x.dtype
+        and sin.shape == cos.shape
+        and cos.shape[0] == shape[-2]
+        and r == shape[-1]
+        and r % 2 == 0
+        and rotary_dim in (None, r)
+        and layout in ROTARY_LAYOUTS
+        and cos.device == x.device
+        and sin.device == x.device
+    ):
+        return None
+    return _rotate(x, cos, sin * _sign(r, layout, x.dtype, x.device), layout)
+
+
 #: q and k of at most this many elements each are rotated together (decoding steps)
 _STACK_LIMIT = 1 << 16
-#: dtypes rotated in their own precision (float16 and bfloat16 are rotated in float32)
-_OWN_PRECISION = (torch.float32, torch.float64)
 
 
 class RotaryEmbedding(nn.Module):

@@ -30,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from posenc import RotaryEmbedding, apply_rotary, offset_matrix, rotary_cos_sin
+from posenc import RotaryEmbedding, apply_rotary, offset_matrix, rotary, rotary_cos_sin
 from posenc.encoding import _round_once
 from tests import rotary_peers as peers
 from tests.floors import needs_compile, needs_export
@@ -583,6 +583,52 @@ def test_common_case_path_is_bitwise_the_checked_path(layout, rotary_dim, dtype,
     assert rope._common_case(q, k[..., :1, :], 0) is None or shape[-2] == 1
     kw = {"layout": layout, "rotary_dim": rotary_dim}
     assert torch.equal(rope(q.half(), k.half())[0], apply_rotary(q.half(), **kw))
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("shape", [(1, 4, 1, 16), (2, 3, 6, 16), (6, 16)])
+def test_apply_rotary_given_tables_common_case_is_bitwise_the_checked_path(
+    layout, dtype, shape
+):
+    # apply_rotary(x, cos=, sin=) takes a short path when x and the tables share a
+    # float32/float64 dtype and a device and rotate every channel; the checked path
+    # (forced here by a Tensor subclass, which the short path leaves alone) gives
+    # the same bits
+    torch.manual_seed(15)
+    x = torch.randn(shape, dtype=dtype)
+    pos = torch.arange(9, 9 + shape[-2])
+    cos, sin = rotary_cos_sin(pos, 16, dtype=dtype, layout=layout)
+    assert rotary._rotate_given_tables(x, cos, sin, layout, None) is not None
+    fast = apply_rotary(x, cos=cos, sin=sin, layout=layout)
+    checked = apply_rotary(x.as_subclass(_Subclass), cos=cos, sin=sin, layout=layout)
+    assert checked.__class__ is _Subclass and torch.equal(
+        fast, checked.as_subclass(torch.Tensor)
+    )
+    assert torch.equal(fast, apply_rotary(x, pos, layout=layout))
+    other = torch.float64 if dtype == torch.float32 else torch.float32
+    # declined (None) outside the common case: each then follows the checked path
+    declined = [
+        (x, cos.to(other), sin, layout, None),  # tables of another dtype: converted
+        (x, cos[:, :8], sin[:, :8], layout, None),  # partial rotary
+        (
+            x,
+            cos,
+            sin,
+            layout,
+            8,
+        ),  # rotary_dim disagrees: an error, from the checked path
+        (x, cos, sin, "halves", None),  # bad layout: an error, from the checked path
+        (x.half(), cos, sin, layout, None),  # rotated in float32
+    ]
+    for args in declined:
+        assert rotary._rotate_given_tables(*args) is None
+    with pytest.raises(ValueError, match="rotary_dim=8 does not match"):
+        apply_rotary(x, cos=cos, sin=sin, layout=layout, rotary_dim=8)
 
 
 def test_per_sequence_positions_give_the_packed_result():

@@ -28,7 +28,7 @@ from .train import TrainConfig, run
 SCHEMA = "posenc.position-matters/1"
 #: The full sweep (``make experiment``).
 FULL = TrainConfig()
-FULL_TASKS = ("copy", "reverse")
+FULL_TASKS = ("copy", "reverse", "sort")
 FULL_SEEDS = (0, 1, 2)
 #: A quick sweep for tests and smoke runs: short sequences, few steps, one seed, well under a minute.
 QUICK = TrainConfig(
