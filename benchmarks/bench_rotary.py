@@ -180,9 +180,10 @@ def time_shape(
 
     ratio = {n: median_ratio("roofline_copy", n) for n in names}
     speedup = {n: median_ratio("hf", n) for n in names if n != "hf"}
-    compiled = [n for n in names if n.endswith("_compiled") or "_compiled_" in n]
     speedup_c = {
-        n: median_ratio("hf_compiled", n) for n in compiled if n != "hf_compiled"
+        n: median_ratio("hf_compiled", n)
+        for n in names
+        if "_compiled" in n and n != "hf_compiled"
     }
     return {
         "device": device.type,

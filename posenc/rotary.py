@@ -663,16 +663,12 @@ class RotaryEmbedding(nn.Module):
         ):
             return None
         cos, sin = self._table(q.device, q.dtype)
-        end = offset + shape[-2]
-        if end - offset == 1:  # a decoding step: one row, [rotary_dim], broadcast
+        if shape[-2] == 1:  # a decoding step: one row, [rotary_dim], broadcast
             cos, sin = cos[offset], sin[offset]
         else:
+            end = offset + shape[-2]
             cos, sin = cos[offset:end], sin[offset:end]
-        if q.numel() <= _STACK_LIMIT:
-            # q and k rotated as one stacked tensor, half the kernel launches;
-            # elementwise, so bitwise what rotating each one gives
-            return _rotate(torch.stack((q, k)), cos, sin, self.layout).unbind(0)
-        return _rotate(q, cos, sin, self.layout), _rotate(k, cos, sin, self.layout)
+        return self._rotate_both(q, k, cos, sin)
 
     def _forward_checked(
         self, q: Tensor, k: Tensor, offset: object, positions: object
@@ -707,16 +703,25 @@ class RotaryEmbedding(nn.Module):
             _check_positions_shape(positions, q, "q")
             cos, sin = self._compute(positions.to(q.device), dtype)
             cos, sin = _broadcast_to_x(cos, q), _broadcast_to_x(sin, q)
+        return self._rotate_both(q, k, cos, sin)
+
+    def _rotate_both(
+        self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """q and k rotated by the same table rows (cos, signed sin)."""
         if (
             q.shape == k.shape
             and q.dtype == k.dtype
             and q.numel() <= _STACK_LIMIT
             and not torch.compiler.is_compiling()
-        ):  # q and k stacked, as in _common_case
+        ):
+            # a decoding step: q and k rotated as one stacked tensor, half the kernel
+            # launches; elementwise, so bitwise what rotating each one gives
             return _rotate(torch.stack((q, k)), cos, sin, self.layout).unbind(0)
         q_out = _rotate(q, cos, sin, self.layout)
-        if _compute_dtype(k) != dtype:  # rare: q and k of different dtypes
-            cos, sin = cos.to(_compute_dtype(k)), sin.to(_compute_dtype(k))
+        k_dtype = _compute_dtype(k)
+        if k_dtype != _compute_dtype(q):  # rare: q and k of different dtypes
+            cos, sin = cos.to(k_dtype), sin.to(k_dtype)
         return q_out, _rotate(k, cos, sin, self.layout)
 
     def _compiled_rows(self, q: Tensor, offset: int, end: int) -> tuple[Tensor, Tensor]:
