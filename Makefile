@@ -25,12 +25,13 @@ venv: $(STAMP)
 
 # Created when missing, refreshed when the pins change. The pins are for Python 3.11 or newer (several pinned
 # packages, numpy among them, have no release for older Pythons): check first, and say what is needed.
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
 	  echo "posenc's pinned environment needs Python 3.11 or newer; '$(PYTHON)' is $$($(PYTHON) --version 2>&1)."; \
 	  echo "Install one (e.g. python3.11) and run: make PYTHON=python3.11 $(MAKECMDGOALS)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(PY) -m pip install --disable-pip-version-check -q --no-deps -r requirements-nodeps.txt
 	@touch $(STAMP)
 
 book: $(STAMP)

@@ -1,4 +1,4 @@
-"""The "does position matter?" harness (experiments/position, book/11_position_matters.ipynb).
+"""The "does position matter?" harness (experiments/position, book/12_position_matters.ipynb).
 
 Quick mode only (well under a minute on a 2-core CPU): one scheme learns copy inside its training lengths,
 a seed fixes the result, every scheme runs past the training length (the learned table raises its documented
