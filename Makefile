@@ -6,20 +6,31 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
 
-.PHONY: help venv book test test-portable test-floor test-fast notebooks export check-export lint lab gpu-check bench experiment clean
+# Parallel test workers (pytest-xdist): one per CPU core by default; `make test TEST_JOBS=1` runs serially.
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# JupyterLab refuses to start as root without --allow-root (containers often run as root).
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.PHONY: help venv book test test-fast test-time test-portable test-floor notebooks export check-export lint lab bench experiment gpu-check clean
 
 help:
-	@echo "make book       build the HTML book into _build/html (warnings are errors)"
-	@echo "make test       run tests/ and every notebook under nbval (stored outputs compared)"
+	@echo "make help           this list"
+	@echo "make venv           create .venv from requirements.txt (every other target does it when missing)"
+	@echo "make book           build the HTML book into _build/html (warnings are errors); open _build/html/index.html"
+	@echo "make test           tests/ and every notebook under nbval, in parallel (TEST_JOBS=$(TEST_JOBS)); builds the book first"
+	@echo "make test-fast      tests/ only, no notebooks and no book build, stopping at the first failure"
+	@echo "make test-time      time 'make test' (and its parts) on this machine -> benchmarks/results/test-time-*.json"
 	@echo "make test-portable  the notebooks under ATEN_CPU_CAPABILITY=default, then OMP_NUM_THREADS=1"
-	@echo "make test-floor the wheel with the oldest supported torch, in a clean venv"
-	@echo "make notebooks  re-execute the notebooks in place, storing their outputs"
-	@echo "make export     regenerate posenc/ from the notebooks' exported cells"
-	@echo "make lab        open JupyterLab on book/ with the project's environment"
-	@echo "make lint       ruff on the package, tests, tools and notebooks"
-	@echo "make bench      time posenc against the classic recipes, Hugging Face rotary and the copy bandwidth -> benchmarks/results/"
-	@echo "make experiment train tiny transformers with each positional scheme (~20 min) -> experiments/results/"
-	@echo "make gpu-check  on a CUDA machine (plain python3 with torch and pytest): GPU tests + benchmark"
+	@echo "make test-floor     the wheel with the oldest supported torch, in a clean venv"
+	@echo "make notebooks      re-execute the notebooks in place, storing their outputs (NB=book/NN_name.ipynb for one)"
+	@echo "make export         regenerate posenc/ from the notebooks' exported cells"
+	@echo "make check-export   report drift between the notebooks and posenc/ (exit 1 when they differ)"
+	@echo "make lint           ruff on the package, tests, tools and notebooks"
+	@echo "make lab            JupyterLab on book/ with the project's environment (LAB_ARGS='$(LAB_ARGS)')"
+	@echo "make bench          time posenc against the classic recipes, Hugging Face rotary, diffusers and the copy bandwidth -> benchmarks/results/"
+	@echo "make experiment     train tiny transformers with each positional scheme -> experiments/results/"
+	@echo "make gpu-check      on a CUDA machine (plain python3 with torch and pytest): GPU tests + benchmark"
+	@echo "make clean          remove the built book and caches"
 
 venv: $(STAMP)
 
@@ -42,7 +53,11 @@ book: $(STAMP)
 # pytest's options (nbval, strict, the sanitize file, tests/nbval_plugin.py) are in pyproject.toml, so a plain
 # `pytest` at the root runs this same suite.
 test: book
-	$(PY) -m pytest tests book
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup tests book
+
+# How long `make test` takes here, and where the time goes (a benchmark, not a test: nothing asserts a time).
+test-time: $(STAMP)
+	$(PY) tools/test_time.py
 
 # The nbval suite as another machine would run it: torch's portable kernels (no vector instructions), then one
 # thread. Stored outputs must not depend on either (see the README's edit loop).
@@ -56,7 +71,7 @@ test-floor: $(STAMP)
 	$(PY) tools/floor_check.py
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -x -q tests
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -x -q tests
 
 # Export first: the notebooks import posenc, which must be what their exported cells say.
 notebooks: $(STAMP)
@@ -87,7 +102,7 @@ gpu-check:
 	$(PYTHON) tools/gpu_check.py
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=book
+	$(VENV)/bin/jupyter lab --notebook-dir=book $(LAB_ARGS)
 
 clean:
 	rm -rf _build .pytest_cache .ruff_cache dist build *.egg-info

@@ -88,6 +88,15 @@ def browser_missing_reason() -> str | None:
     return None
 
 
+def unavailable(reason: str) -> None:
+    """Skip, or fail where ``CI`` is set: CI must run the browser checks, never skip them."""
+    import pytest
+
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"{reason} -- CI is set, so the browser tests must run")
+    pytest.skip(reason)
+
+
 def missing_reason() -> str | None:
     """Why the browser checks cannot run here (no Playwright, no Chromium, no built book), or None."""
     return browser_missing_reason() or book_missing_reason()

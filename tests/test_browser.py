@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 import re
 import urllib.error
 import urllib.request
@@ -33,12 +32,10 @@ from tests.browser_helpers import (
     WAIT_FOR_MATHJAX,
     book_html_dir,
     book_missing_reason,
-    browser_missing_reason,
     html_path,
     is_local,
-    launch_chromium,
-    serve,
     toc_pages,
+    unavailable,
 )
 
 pytestmark = pytest.mark.browser
@@ -47,13 +44,6 @@ PAGES = toc_pages()
 NOTEBOOK_PAGES = [page for page in PAGES if (ROOT / f"{page}.ipynb").is_file()]
 API_PAGE = "book/api"
 SEARCH_WORD = "sinusoidal"  # in the intro's first sentence, and in every chapter
-
-
-def unavailable(reason: str) -> None:
-    """Skip, or fail where ``CI`` is set: CI must run these checks, never skip them."""
-    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-        pytest.fail(f"{reason} -- CI is set, so the browser tests must run")
-    pytest.skip(reason)
 
 
 # Everything the browser saw on one page, collected in a single visit.
@@ -119,25 +109,17 @@ def book_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def base_url(book_dir: Path) -> Iterator[str]:
-    with serve(book_dir) as url:
-        yield url
+def base_url(book_dir: Path, book_server: str) -> str:
+    return book_server
 
 
 @pytest.fixture(scope="module")
-def chromium_context(base_url: str) -> Iterator[Any]:
-    reason = browser_missing_reason()
-    if reason:
-        unavailable(reason)
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = launch_chromium(playwright)
-        context = browser.new_context(viewport=DESKTOP)
-        context.set_default_timeout(20_000)
-        yield context
-        context.close()
-        browser.close()
+def chromium_context(chromium: Any, base_url: str) -> Iterator[Any]:
+    """A desktop-sized context of the session's one Chromium (tests/conftest.py)."""
+    context = chromium.new_context(viewport=DESKTOP)
+    context.set_default_timeout(20_000)
+    yield context
+    context.close()
 
 
 @pytest.fixture(scope="module")
@@ -313,12 +295,10 @@ def test_every_image_loads(visit: Callable[..., Visit], docname: str) -> None:
     assert not broken, f"{docname}: images that did not load (naturalWidth 0): {broken}"
 
 
-@pytest.mark.parametrize("docname", PAGES)
-def test_every_internal_link_resolves(
-    visit: Callable[..., Visit], fetch: Callable[[str], tuple[int, str]], docname: str
-) -> None:
+def broken_links(seen: Visit, fetch: Callable[[str], tuple[int, str]]) -> list[str]:
+    """The local links of a visited page whose target (or #fragment) does not exist."""
     broken = []
-    for link in sorted(set(visit(html_path(docname)).dom["links"])):
+    for link in sorted(set(seen.dom["links"])):
         if urlsplit(link).scheme not in ("http", "https") or not is_local(link):
             continue
         target, fragment = urldefrag(link)
@@ -329,7 +309,41 @@ def test_every_internal_link_resolves(
             rf'\b(?:id|name)="{re.escape(unquote(fragment))}"', body
         ):
             broken.append(f"{link} (no element with id {unquote(fragment)!r})")
+    return broken
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_every_internal_link_resolves(
+    visit: Callable[..., Visit], fetch: Callable[[str], tuple[int, str]], docname: str
+) -> None:
+    broken = broken_links(visit(html_path(docname)), fetch)
     assert not broken, f"{docname} links to what does not exist: {broken}"
+
+
+def test_root_page_is_the_introduction_not_a_redirect(
+    visit: Callable[..., Visit], fetch: Callable[[str], tuple[int, str]], book_dir: Path
+) -> None:
+    """``index.html`` (what a browser, a screenshot tool or a host opens first) is the introduction itself, with
+    every stylesheet, script, image and link working from the site's root (book/_ext/root_page.py)."""
+    html = (book_dir / "index.html").read_text(encoding="utf-8")
+    assert 'http-equiv="Refresh"' not in html, (
+        "index.html is still a meta-refresh redirect"
+    )
+    root, intro = visit("index.html"), visit(html_path(PAGES[0]))
+    assert root.status == 200 and root.h1 and root.h1 == intro.h1, (root.h1, intro.h1)
+    problems = (
+        root.external_requests
+        + root.failed_requests
+        + root.bad_responses
+        + root.console_errors
+        + [image["src"] for image in root.dom["images"] if not image["ok"]]
+        + root.dom["untypeset"]
+        + broken_links(root, fetch)
+    )
+    assert not problems, f"index.html: {problems}"
+    assert root.dom["text"] == intro.dom["text"], (
+        "index.html does not show the introduction"
+    )
 
 
 @pytest.mark.parametrize("docname", PAGES)

@@ -1,14 +1,18 @@
-"""Nothing is clipped: the rendered book, measured in a real browser at a desktop and a phone width.
+"""Nothing is clipped and nothing is too small: the rendered book, measured in a real browser at a desktop and a
+phone width.
 
-For every page of the table of contents, at 1280 px and at 390 px (``DESKTOP``, ``PHONE`` in browser_helpers):
+For every page of the table of contents, at 1280 px and at 390 px (``DESKTOP``, ``PHONE`` in browser_helpers), with
+every folded cell (``hide-input``, ``hide-cell``) opened as a reader would open it:
 
-- **code** (a cell's visible source): fits the column at desktop width, no horizontal scrollbar (the notebooks
-  are formatted to 88 columns); on a phone it may scroll, but only inside its own box, never widening the page.
-  A folded cell (``hide-input``) is measured when opened by the reader, so not here;
-- **outputs** (what a cell printed): fit, or scroll inside their own box (counted, so a change can report them);
-- **tables**: fit, or scroll visibly inside their own box (``overflow-x: auto``), at both widths;
-- **display equations**: fit or scroll inside their box at both widths, and the equation number never covers
-  the equation;
+- **code** (a cell's source): fits the column at desktop width, no horizontal scrollbar (the notebooks are
+  formatted to 88 columns); on a phone it may scroll, but only inside its own box, never widening the page;
+- **outputs** (what a cell printed): fit the column at desktop width; on a phone they may scroll in their box;
+- **tables**: fit the column at desktop width, every column visible without scrolling; on a phone they may
+  scroll visibly inside their own box (``overflow-x: auto``);
+- **display equations**: fit the column at both widths (long ones are split over lines, as chapter 01's are),
+  and the equation number never covers the equation;
+- **figures**: on a phone an image is shown at no less than ``PHONE_FIGURE_SCALE`` of its drawn size (scrolling
+  sideways in its own box), so that text drawn at 8 pt or more (tests/test_notebooks.py) stays legible;
 - **the page itself** never scrolls sideways.
 
 Every figure image also has a caption (a ``figcaption``) and is at least 300 px wide at desktop width.
@@ -19,33 +23,26 @@ Without Chromium or a built book these tests skip, saying why; with ``CI`` set t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urljoin
 
 import pytest
 
-from tests.browser_helpers import (
-    DESKTOP,
-    PHONE,
-    WAIT_FOR_MATHJAX,
-    book_html_dir,
-    html_path,
-    launch_chromium,
-    missing_reason,
-    serve,
-    toc_pages,
-)
+from tests.browser_helpers import DESKTOP, PHONE, WAIT_FOR_MATHJAX, html_path, toc_pages
 
 pytestmark = pytest.mark.browser
 
 PAGES = toc_pages()
 VIEWPORTS = {"desktop": DESKTOP, "phone": PHONE}
+#: On a phone, a figure is shown at no less than this fraction of its drawn size (8 pt text at 100 dpi, 11 px
+#: drawn, then reads at 8.9 px or more).
+PHONE_FIGURE_SCALE = 0.75
 
 # Measures every element of interest: overflow (scrollWidth > clientWidth), whether its own box scrolls
 # (computed overflow-x auto/scroll), and for equations whether the number's box intersects the formula's.
 MEASURE = r"""() => {
+  for (const d of document.querySelectorAll('details')) d.open = true;  // a reader may open every folded cell
   const article = document.querySelector('article') || document.body;
   const scrolls = el => {
     for (let e = el; e && e !== article; e = e.parentElement) {
@@ -54,13 +51,13 @@ MEASURE = r"""() => {
     }
     return false;
   };
-  // a folded cell (hide-input) is not rendered until the reader opens it: nothing of it can overflow the page
-  const shown = el => !el.closest('details:not([open])') && el.getClientRects().length > 0
+  const shown = el => el.getClientRects().length > 0
                       && (!el.checkVisibility || el.checkVisibility({visibilityProperty: true}));
   const over = el => shown(el) && el.scrollWidth > el.clientWidth + 1;
   const describe = el => (el.innerText || el.textContent || '').trim().split('\n')[0].slice(0, 70);
   const result = {code: [], codeScroll: [], outputs: [], outputsScroll: [], tables: [], equations: [],
-                  numbers: [], page: 0, figures: [], narrowFigures: []};
+                  numbers: [], page: 0, figures: [], narrowFigures: [], tablesWide: [],
+                  equationsWide: [], figureScales: []};
   for (const pre of article.querySelectorAll('.cell_input pre, div.highlight-python pre, div.highlight-bash pre')) {
     if (over(pre)) { result.code.push(describe(pre)); if (!scrolls(pre)) result.codeScroll.push(describe(pre)); }
   }
@@ -70,16 +67,20 @@ MEASURE = r"""() => {
   for (const table of article.querySelectorAll('table')) {
     const box = table.parentElement;
     const wide = table.getBoundingClientRect().width > article.clientWidth + 1;
+    if (wide) result.tablesWide.push(describe(table));
     if (wide && !scrolls(table)) result.tables.push(describe(table));
   }
   for (const math of article.querySelectorAll('div.math')) {
     const formula = math.querySelector('mjx-container');
     if (!formula) continue;
-    const wide = formula.getBoundingClientRect().width > math.getBoundingClientRect().width + 1
+    const inner = formula.querySelector('mjx-math') || formula;
+    // the formula itself (mjx-math) wider than its box, or its box wider than the column or scrolling
+    const wide = inner.getBoundingClientRect().width > math.getBoundingClientRect().width + 1
+                 || formula.scrollWidth > formula.clientWidth + 1
                  || math.getBoundingClientRect().right > article.getBoundingClientRect().right + 1;
+    if (wide) result.equationsWide.push(describe(math));
     if (wide && !scrolls(formula)) result.equations.push(describe(math));
     const number = math.querySelector('.eqno');
-    const inner = formula.querySelector('mjx-math') || formula;
     if (number) {
       const a = number.getBoundingClientRect(), b = inner.getBoundingClientRect();
       const overlap = Math.min(a.right, b.right) - Math.max(a.left, b.left);
@@ -92,7 +93,9 @@ MEASURE = r"""() => {
     if (img.closest('.cell_output') || img.closest('figure')) {
       const figure = img.closest('figure');
       if (!figure || !figure.querySelector('figcaption')) result.figures.push(img.getAttribute('src'));
-      if (img.getBoundingClientRect().width < 300) result.narrowFigures.push(img.getAttribute('src'));
+      const width = img.getBoundingClientRect().width;
+      if (width < 300) result.narrowFigures.push(img.getAttribute('src'));
+      if (img.naturalWidth) result.figureScales.push([img.getAttribute('src'), width / img.naturalWidth]);
     }
   }
   return result;
@@ -100,39 +103,32 @@ MEASURE = r"""() => {
 
 
 @pytest.fixture(scope="module")
-def measurements() -> Iterator[dict[tuple[str, str], dict[str, Any]]]:
-    """``(viewport, page) -> measurement`` for every page at both widths (one browser, one visit each)."""
-    reason = missing_reason()
-    if reason:
-        if os.environ.get("CI", "").lower() not in ("", "0", "false"):
-            pytest.fail(f"{reason} -- CI is set, so the browser tests must run")
-        pytest.skip(reason)
-    from playwright.sync_api import sync_playwright
-
+def measurements(
+    chromium: Any, book_server: str
+) -> Iterator[dict[tuple[str, str], dict[str, Any]]]:
+    """``(viewport, page) -> measurement`` for every page at both widths (the session's Chromium, one visit each)."""
+    base = book_server
     found: dict[tuple[str, str], dict[str, Any]] = {}
-    with serve(book_html_dir()) as base, sync_playwright() as playwright:
-        browser = launch_chromium(playwright)
+    for name, viewport in VIEWPORTS.items():
+        context = chromium.new_context(viewport=viewport)
+        context.set_default_timeout(20_000)
+        context.route(
+            "**/*",
+            lambda route: (
+                route.continue_()
+                if route.request.url.startswith(base)
+                else route.abort()
+            ),
+        )
         try:
-            for name, viewport in VIEWPORTS.items():
-                context = browser.new_context(viewport=viewport)
-                context.set_default_timeout(20_000)
-                for docname in PAGES:
-                    page = context.new_page()
-                    page.route(
-                        "**/*",
-                        lambda route: (
-                            route.continue_()
-                            if route.request.url.startswith(base)
-                            else route.abort()
-                        ),
-                    )
-                    page.goto(urljoin(base, html_path(docname)), wait_until="load")
-                    page.evaluate(WAIT_FOR_MATHJAX)
-                    found[name, docname] = page.evaluate(MEASURE)
-                    page.close()
-                context.close()
+            for docname in PAGES:
+                page = context.new_page()
+                page.goto(urljoin(base, html_path(docname)), wait_until="load")
+                page.evaluate(WAIT_FOR_MATHJAX)
+                found[name, docname] = page.evaluate(MEASURE)
+                page.close()
         finally:
-            browser.close()
+            context.close()
     for (name, docname), m in sorted(found.items()):
         counts = {k: len(v) if isinstance(v, list) else v for k, v in m.items()}
         print(f"layout {name:7s} {docname:28s} {counts}")
@@ -143,25 +139,46 @@ def measurements() -> Iterator[dict[tuple[str, str], dict[str, Any]]]:
 @pytest.mark.parametrize("docname", PAGES)
 def test_nothing_is_clipped(measurements: dict, viewport: str, docname: str) -> None:
     m = measurements[viewport, docname]
+    width = VIEWPORTS[viewport]["width"]
     assert m["page"] <= 1, f"the page scrolls sideways by {m['page']} px"
-    assert not m["tables"], (
-        f"tables wider than the column that do not scroll: {m['tables']}"
-    )
-    assert not m["equations"], (
-        f"display equations wider than the column that do not scroll: {m['equations']}"
+    assert not m["equationsWide"], (
+        f"display equations wider than the column at {width} px (split them over lines): "
+        f"{m['equationsWide']}"
     )
     assert not m["numbers"], f"equation numbers covering their equation: {m['numbers']}"
     if viewport == "desktop":
         assert not m["code"], (
-            f"code cells with a horizontal scrollbar at {DESKTOP['width']} px: {m['code']}"
+            f"code wider than the column at {width} px (opened folds included): {m['code']}"
+        )
+        assert not m["outputs"], (
+            f"printed outputs wider than the column at {width} px: {m['outputs']}"
+        )
+        assert not m["tablesWide"], (
+            f"tables wider than the column at {width} px (columns hidden behind a scroll): "
+            f"{m['tablesWide']}"
         )
     else:
         assert not m["codeScroll"], (
             f"code wider than the phone that does not scroll in its box: {m['codeScroll']}"
         )
-    # a printed line longer than the column (a long message, a table row) scrolls in its own box
-    assert not m["outputsScroll"], (
-        f"outputs wider than the column that do not scroll: {m['outputsScroll']}"
+        assert not m["outputsScroll"], (
+            f"outputs wider than the phone that do not scroll in their box: {m['outputsScroll']}"
+        )
+        assert not m["tables"], (
+            f"tables wider than the phone that do not scroll in their box: {m['tables']}"
+        )
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_figures_stay_legible_on_a_phone(measurements: dict, docname: str) -> None:
+    small = [
+        f"{src} at {scale:.2f}"
+        for src, scale in measurements["phone", docname]["figureScales"]
+        if scale < PHONE_FIGURE_SCALE
+    ]
+    assert not small, (
+        f"figures shrunk below {PHONE_FIGURE_SCALE} of their drawn size at "
+        f"{PHONE['width']} px (their text would be unreadable): {small}"
     )
 
 
