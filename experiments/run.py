@@ -1,18 +1,25 @@
 """Does position matter? Train tiny decoders with each positional scheme and measure them at every length.
 
-    python -m experiments.run                  # the full sweep on CPU (make experiment), ~22 minutes on 2 cores
+    python -m experiments.run                  # the full sweep on CPU (make experiment)
     python -m experiments.run --quick          # a smoke run, under a minute; writes nothing unless --out
     python -m experiments.run --device cuda    # the full sweep on a GPU, one run at a time
 
-One progress line per finished run goes to stderr, the summary table to stdout at the end. The full sweep writes
-``experiments/results/position-matters-<device>.json`` (or ``--out``) and, next to it, the weights of the models
-whose attention the chapter draws (``position-matters-copy-<scheme>-seed0.pt``).
+The full sweep: 3 tasks x 6 schemes x 5 seeds, then 5 more seeds for every (task, scheme) whose first five
+disagree (the rule is in ``experiments.position.sweep``); its wall time, processor time and the load average
+during it are recorded in the results file. One progress line per finished run goes to stderr, the summary
+table to stdout at the end. It writes ``experiments/results/position-matters-<device>.json`` (or ``--out``)
+and, next to it, the weights of the models whose attention the chapter draws
+(``position-matters-copy-<scheme>-seed0.pt``).
+
+The results file records the git commit of the harness. The full sweep refuses to start when the harness's own
+code (``experiments/run.py``, ``experiments/position/``) differs from that commit, since the record would then
+name code that did not produce it; ``--allow-dirty`` runs anyway and records the differing files under
+``code.dirty``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import replace
@@ -47,10 +54,22 @@ def main(argv: list[str] | None = None) -> int:
         "--schemes", nargs="+", choices=SCHEMES, help="default: all six"
     )
     parser.add_argument(
-        "--seeds", nargs="+", type=int, help="default: 0 1 2 (quick: 0)"
+        "--seeds", nargs="+", type=int, help="default: 0 1 2 3 4 (quick: 0)"
+    )
+    parser.add_argument(
+        "--extra-seeds",
+        nargs="*",
+        type=int,
+        help="added where the first seeds disagree (default: 5 6 7 8 9; quick: none)",
     )
     parser.add_argument(
         "--steps", type=int, help="training steps per run (default: 1200)"
+    )
+    parser.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="run the full sweep although the harness differs from its git commit "
+        "(recorded in the results file)",
     )
     args = parser.parse_args(argv)
     if args.device == "cuda":
@@ -60,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(
                 "--device cuda: torch.cuda.is_available() is False on this machine"
             )
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     config = sw.QUICK if args.quick else sw.FULL
     if args.steps is not None:
         config = replace(config, steps=args.steps)
@@ -70,6 +91,27 @@ def main(argv: list[str] | None = None) -> int:
         if args.seeds is not None
         else ((0,) if args.quick else sw.FULL_SEEDS)
     )
+    extra = tuple(
+        args.extra_seeds
+        if args.extra_seeds is not None
+        else (() if args.quick else sw.EXTRA_SEEDS)
+    )
+    if not args.quick:
+        dirty = sw.provenance()["dirty"]
+        if dirty and not args.allow_dirty:
+            parser.error(
+                "the harness differs from its git commit in "
+                + ", ".join(dirty)
+                + ": the results file would name code that did not produce it. "
+                "Commit these files first, or pass --allow-dirty to run anyway "
+                "(recorded as code.dirty in the results file)"
+            )
+        if dirty:
+            print(
+                "WARNING: running with uncommitted harness code: " + ", ".join(dirty),
+                file=sys.stderr,
+                flush=True,
+            )
     out = args.out
     if out is None and not args.quick:
         out = RESULTS / f"position-matters-{args.device}.json"
@@ -78,16 +120,25 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
     n_runs = len(tasks) * len(schemes) * len(seeds)
     print(
-        f"{n_runs} runs ({', '.join(tasks)} x {len(schemes)} schemes x seeds {list(seeds)}) on {args.device}"
+        f"{n_runs} runs ({', '.join(tasks)} x {len(schemes)} schemes x seeds "
+        f"{list(seeds)}), then seeds {list(extra)} where those disagree, on "
+        f"{args.device}"
         + (f", {args.workers} workers" if args.device == "cpu" else ""),
         file=sys.stderr,
         flush=True,
     )
     results = sw.sweep(
-        config, tasks, schemes, seeds, args.device, args.workers, weights_dir
+        config,
+        tasks,
+        schemes,
+        seeds,
+        extra,
+        args.device,
+        args.workers,
+        weights_dir,
     )
     if out is not None:
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        out.write_text(sw.dumps(results))
     print(sw.summary_table(results))
     if out is not None:
         print(f"results written to {out}")

@@ -191,7 +191,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache[0].extend(cache[1], k, v)
         t_all = k.shape[2]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        # q k^T / sqrt(head_dim), the scale applied to q (t x head_dim values, not t x t)
+        scores = (q / math.sqrt(self.head_dim)) @ k.transpose(-2, -1)
         # query i (token index t_all - t + i) sees keys j <= its own index
         i = torch.arange(t_all - t, t_all, device=x.device)[:, None]
         j = torch.arange(t_all, device=x.device)[None, :]

@@ -7,7 +7,7 @@ Every example is one token sequence
 with the n input symbols x_i drawn uniformly (with repetition) from ``N_SYMBOLS`` symbols, and y the task's
 answer: x itself (copy), x backwards (reverse) or x in increasing order (sort). A decoder reads it left to
 right and predicts each next token; only the n + 1 answer tokens y_1 ... y_n, EOS count in the loss and in
-the accuracy. Sort needs no positions to be answered (it depends on how often each symbol occurs, not on
+the scores. Sort needs no positions to be answered (it depends on how often each symbol occurs, not on
 where); copy and reverse do: the token to emit at answer step j sits n places back (copy) or at the mirror
 position (reverse).
 """
@@ -63,13 +63,33 @@ def examples(task: str, n: int, batch: int, generator: torch.Generator) -> Tenso
     )
 
 
+def padded_examples(task: str, lengths: Tensor, generator: torch.Generator) -> Tensor:
+    """One example per entry of ``lengths``, right-padded with ``PAD`` to the longest.
+
+    Padding goes at the end, after EOS: under a causal mask no real token attends to it.
+
+    Args:
+        task: one of ``TASKS``.
+        lengths: the input length n of each row, int64 ``[batch]``, each >= 1.
+        generator: the source of randomness.
+
+    Returns:
+        int64 tokens ``[batch, 2 max(lengths) + 3]``; row b holds ``2 lengths[b] + 3`` tokens, then padding.
+    """
+    width = 2 * int(lengths.max()) + 3
+    tokens = torch.full((len(lengths), width), PAD, dtype=torch.long)
+    for n in lengths.unique().tolist():
+        rows = (lengths == n).nonzero().squeeze(1)
+        tokens[rows, : 2 * n + 3] = examples(task, n, len(rows), generator)
+    return tokens
+
+
 def training_batch(
     task: str, max_len: int, batch: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A batch with input lengths drawn uniformly from 1..max_len, right-padded.
 
-    Padding goes at the end, after EOS: under a causal mask no real token attends to it, and the loss mask
-    excludes it, so padding changes nothing for any positional scheme.
+    The loss mask excludes the padding, so padding changes nothing for any positional scheme.
 
     Args:
         task: one of ``TASKS``.
@@ -83,13 +103,11 @@ def training_batch(
         true where the target is an answer token or EOS, and ``lengths`` int64 ``[batch]``, the n of each row.
     """
     lengths = torch.randint(1, max_len + 1, (batch,), generator=generator)
-    width = 2 * max_len + 3
-    tokens = torch.full((batch, width), PAD, dtype=torch.long)
-    for n in lengths.unique().tolist():
-        rows = (lengths == n).nonzero().squeeze(1)
-        tokens[rows, : 2 * n + 3] = examples(task, n, len(rows), generator)
+    tokens = torch.full((batch, 2 * max_len + 3), PAD, dtype=torch.long)
+    filled = padded_examples(task, lengths, generator)
+    tokens[:, : filled.shape[1]] = filled
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     # target t is tokens[t + 1]: the answer y_1..y_n, EOS sit at tokens[n + 2 .. 2n + 2]
-    t = torch.arange(width - 1)
+    t = torch.arange(tokens.shape[1] - 1)
     loss_mask = (t >= lengths[:, None] + 1) & (t <= 2 * lengths[:, None] + 1)
     return inputs, targets, loss_mask, lengths

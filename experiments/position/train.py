@@ -1,13 +1,28 @@
-"""Train one tiny decoder on one task, then measure it at every input length by greedy decoding.
+"""Train one tiny decoder on one task, then measure it at every input length.
 
 Training: AdamW, linear warm-up then cosine decay to a tenth of the peak rate, gradient norm clipped to 1,
 input lengths uniform on 1..L, fresh random examples at every step (no fixed training set, so nothing to
-memorise), loss on the answer tokens and EOS only.
+memorise), loss on the answer tokens and EOS only. Every ``validate_every`` steps the exact match on a fixed
+validation set (lengths 1..L) is recorded: the learning curve, which says whether a run was still learning when
+its budget ended.
 
-Evaluation: for each input length n = 1..``eval_max_len``, ``eval_samples`` fresh examples (the same examples
-for every scheme of a seed). The model sees ``[BOS] x [SEP]`` and generates n + 1 tokens greedily, feeding back
-its own argmax (with a KV cache). Exact match: all n answer symbols and the EOS right. Token accuracy: the
-fraction of those n + 1 tokens right, position by position.
+Evaluation, for each input length n = 1..``eval_max_len``, on ``eval_samples`` fresh examples (the same examples
+for every scheme of a seed), by one teacher-forced forward pass: the model reads
+``[BOS] x [SEP] y_1 ... y_n`` and its argmax at each answer position is compared with y_1 ... y_n, EOS.
+
+- **Exact match**: every one of the n + 1 argmaxes right. This is exactly the exact match of greedy decoding
+  (the model generating its answer from its own outputs): up to its first error a greedy answer *is* the
+  teacher-forced argmax, so the two agree on every example, and on where and how the first error happens.
+  Each run re-checks this by decoding greedily at a few lengths (``greedy_check``).
+- **Token accuracy**: the fraction of the n + 1 answer tokens whose argmax is right, each predicted from the true
+  tokens before it: a per-token measure that does not let one error derail the rest.
+- **First token**: whether y_1 is right (the same under greedy decoding).
+- **First error**: for an example that is not exactly right, the kind of its first wrong token: an EOS before
+  y_n (``early_eos``), a symbol where EOS was due (``no_eos``: the model does not stop), or a wrong symbol
+  (``wrong_symbol``). With exact match these four counts add up to ``eval_samples`` at every length.
+- **Probe** (copy and reverse): the head that puts the most attention on the *source* of each answer token (the
+  input symbol it must reproduce) over lengths 1..L; at every length, its mean weight on the sources and the
+  offset (query index minus key index) of its strongest key for the first answer token.
 
 Determinism: everything random comes from generators seeded by the run's seed, and each run uses one thread,
 so the same seed gives the same numbers on the same machine, whatever the number of parallel workers.
@@ -33,6 +48,9 @@ from .model import (
     random_positions,
 )
 
+#: The kinds of first error, in the order they are recorded.
+ERRORS = ("early_eos", "no_eos", "wrong_symbol")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -45,8 +63,9 @@ class TrainConfig:
     lr: float = 6e-3
     warmup: int = 100
     weight_decay: float = 0.01
-    eval_samples: int = 32
-    eval_group: int = 15  # lengths decoded together (left-padded to the longest)
+    eval_samples: int = 128  # fresh examples per evaluated length
+    validate_every: int = 100  # steps between points of the learning curve
+    validation_per_length: int = 16  # validation examples per length 1..L
     # each training batch is cut into this many groups of similar length
     buckets: int = 2
     d_model: int = 64
@@ -67,6 +86,11 @@ class TrainConfig:
             random_range=self.random_range,
         )
 
+    def greedy_check_lengths(self) -> list[int]:
+        """The lengths at which each run decodes greedily to re-check the teacher-forced scores."""
+        L, top = self.train_max_len, self.eval_max_len
+        return sorted({n for n in (L, L + 1, 2 * L) if 1 <= n <= top})
+
 
 def learning_rate(step: int, config: TrainConfig) -> float:
     """Linear warm-up to ``lr``, then cosine decay to ``lr / 10`` at the last step."""
@@ -76,19 +100,53 @@ def learning_rate(step: int, config: TrainConfig) -> float:
     return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def sequence_positions(
+    model: TinyDecoder,
+    lengths: Tensor,
+    width: int,
+    generator: torch.Generator,
+) -> Tensor | None:
+    """Positions of right-padded sequences of ``2 lengths + 2`` real tokens, ``[batch, width]``.
+
+    None (the default 0, 1, 2, ...) for every scheme but ``sinusoidal_random``, whose positions are a sorted
+    random subset of ``[0, random_range)`` drawn afresh for every sequence, as in training.
+    """
+    if model.config.scheme != "sinusoidal_random":
+        return None
+    return random_positions(
+        2 * lengths + 2, width, model.config.random_range, generator
+    )
+
+
 def train(
     model: TinyDecoder,
     task: str,
     config: TrainConfig,
     generator: torch.Generator,
     device: torch.device,
-) -> list[float]:
-    """Train ``model`` in place on ``task``; returns the loss of every step.
+    validation: tuple[Tensor, Tensor, Tensor | None] | None = None,
+) -> tuple[list[float], dict[str, list[Any]]]:
+    """Train ``model`` in place on ``task``.
 
     Each batch is sorted by length and cut into ``config.buckets`` groups, each
     trimmed to its own longest sequence (the right padding of the short ones is never
     computed); the loss is the mean over every answer token of the batch, as if it
     were one tensor.
+
+    Args:
+        model: the decoder, trained in place.
+        task: one of ``tasks.TASKS``.
+        config: the settings.
+        generator: the source of the training data (and randomized positions).
+        device: where the model lives.
+        validation: ``(tokens, lengths, positions)`` of a fixed validation set (see
+            :func:`validation_set`); its exact match is recorded every
+            ``config.validate_every`` steps and after the last one.
+
+    Returns:
+        ``(losses, curve)``: the loss of every step, and
+        ``{"steps": [...], "exact": [...]}``, the learning curve (empty lists
+        without ``validation``).
     """
     model.train()
     optimizer = torch.optim.AdamW(
@@ -96,18 +154,19 @@ def train(
         lr=config.lr,
         betas=(0.9, 0.98),
         weight_decay=config.weight_decay,
+        fused=device.type == "cpu" or None,
     )
-    randomized = model.config.scheme == "sinusoidal_random"
-    losses = []
+    losses: list[float] = []
+    curve: dict[str, list[Any]] = {"steps": [], "exact": []}
     for step in range(config.steps):
+        if validation is not None and step % config.validate_every == 0 and step:
+            curve["steps"].append(step)
+            curve["exact"].append(validation_exact(model, validation, device))
+            model.train()
         inputs, targets, mask, lengths = tasks.training_batch(
             task, config.train_max_len, config.batch_size, generator
         )
-        positions = None
-        if randomized:
-            positions = random_positions(
-                2 * lengths + 2, inputs.shape[1], config.random_range, generator
-            )
+        positions = sequence_positions(model, lengths, inputs.shape[1], generator)
         total = mask.sum()
         loss = torch.zeros((), device=device)
         for rows in lengths.argsort().chunk(config.buckets):
@@ -127,7 +186,259 @@ def train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-    return losses
+    if validation is not None:
+        curve["steps"].append(config.steps)
+        curve["exact"].append(validation_exact(model, validation, device))
+    return losses, curve
+
+
+@torch.no_grad()
+def answer_argmax(
+    model: TinyDecoder,
+    tokens: Tensor,
+    lengths: Tensor,
+    positions: Tensor | None,
+    device: torch.device,
+    return_attention: bool = False,
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor] | None]:
+    """The teacher-forced argmax at every answer position.
+
+    Args:
+        model: the decoder.
+        tokens: int64 ``[batch, w]``: right-padded examples
+            ``[BOS] x [SEP] y [EOS]``, ``w >= 2 max(lengths) + 3``.
+        lengths: the input length n of each row, int64 ``[batch]``.
+        positions: int64 ``[batch, w - 1]`` or None (0, 1, 2, ...).
+        device: where the model lives.
+        return_attention: also return each layer's attention weights.
+
+    Returns:
+        ``(predicted, target, valid, maps)``: ``predicted`` and ``target`` int64
+        ``[batch, max(lengths) + 1]``, the argmax and the true token for y_1 ... y_n,
+        EOS of each row (left-aligned); ``valid`` bool, the same shape, False past a
+        row's n + 1 answer tokens; ``maps`` each layer's attention weights
+        ``[batch, heads, w - 1, w - 1]`` (on the CPU), or None.
+    """
+    model.eval()
+    inputs = tokens[:, :-1].to(device)
+    pos = None if positions is None else positions.to(device)
+    if return_attention:
+        logits, maps = model(inputs, pos, return_attention=True)
+        maps = [m.cpu() for m in maps]
+    else:
+        logits, maps = model(inputs, pos), None
+    j = torch.arange(int(lengths.max()) + 1)
+    # the answer token y_j (j = 1..n) and EOS are predicted at input index n + j
+    index = lengths[:, None] + 1 + j
+    predicted = logits.argmax(-1).cpu().gather(1, index)
+    target = tokens.gather(1, index + 1)
+    valid = j <= lengths[:, None]
+    return predicted, target, valid, maps
+
+
+def score_rows(
+    predicted: Tensor, target: Tensor, valid: Tensor, lengths: Tensor
+) -> dict[str, Tensor]:
+    """Per row: exact, number of right tokens, first token right, kind of first error.
+
+    Args:
+        predicted, target, valid: as returned by :func:`answer_argmax`,
+            ``[batch, max(lengths) + 1]``.
+        lengths: int64 ``[batch]``.
+
+    Returns:
+        bool ``[batch]`` tensors ``"exact"``, ``"first"``, ``"early_eos"``, ``"no_eos"``,
+        ``"wrong_symbol"`` (exactly one of exact and the three errors is true in each
+        row) and int64 ``[batch]`` ``"tokens"`` and ``"error_at"`` (the answer index
+        1..n + 1 of the first wrong token; meaningless where exact).
+    """
+    hit = predicted == target
+    right = hit | ~valid
+    exact = right.all(dim=1)
+    first_wrong = (~right).to(torch.uint8).argmax(dim=1)  # 0 where exact
+    said = predicted.gather(1, first_wrong[:, None]).squeeze(1)
+    at_end = first_wrong == lengths  # the EOS position
+    return {
+        "exact": exact,
+        "tokens": (hit & valid).sum(dim=1),
+        "first": hit[:, 0],
+        "early_eos": ~exact & ~at_end & (said == tasks.EOS),
+        "no_eos": ~exact & at_end,
+        "wrong_symbol": ~exact & ~at_end & (said != tasks.EOS),
+        "error_at": first_wrong + 1,
+    }
+
+
+def validation_set(
+    model: TinyDecoder, task: str, config: TrainConfig, seed: int
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``validation_per_length`` examples of every length 1..L, right-padded, with their positions;
+    seeded by ``seed`` alone (the same inputs for every scheme of a seed)."""
+    generator = torch.Generator().manual_seed(30_000 + seed)
+    lengths = torch.arange(1, config.train_max_len + 1).repeat_interleave(
+        config.validation_per_length
+    )
+    tokens = tasks.padded_examples(task, lengths, generator)
+    positions = sequence_positions(model, lengths, tokens.shape[1] - 1, generator)
+    return tokens, lengths, positions
+
+
+def validation_exact(
+    model: TinyDecoder,
+    validation: tuple[Tensor, Tensor, Tensor | None],
+    device: torch.device,
+) -> float:
+    """Exact match on the validation set (teacher-forced, hence also greedy's)."""
+    tokens, lengths, positions = validation
+    scores = score_rows(
+        *answer_argmax(model, tokens, lengths, positions, device)[:3], lengths
+    )
+    return round(scores["exact"].float().mean().item(), 4)
+
+
+def _sources(task: str, n: int) -> Tensor:
+    """Input index of the source of y_1..y_n: copy x_j at j, reverse x_{n+1-j} at n + 1 - j."""
+    j = torch.arange(1, n + 1)
+    return j if task == "copy" else n + 1 - j
+
+
+def _head_statistics(maps: list[Tensor], task: str, n: int) -> tuple[Tensor, Tensor]:
+    """``(source_weight, first_offset)``, each ``[layers, heads]``: the mean weight the queries
+    predicting y_1..y_n put on their sources, and the mean offset (query index minus key index) of the
+    strongest key of the query predicting y_1 (index n + 1, which holds SEP)."""
+    queries = n + torch.arange(1, n + 1)
+    sources = _sources(task, n)
+    stacked = torch.stack(maps, dim=1)  # [batch, layers, heads, t, t]
+    weight = stacked[:, :, :, queries, sources].mean(dim=(0, 3))
+    strongest = stacked[:, :, :, n + 1, : n + 2].argmax(dim=-1)
+    offset = (n + 1 - strongest).double().mean(dim=0)
+    return weight, offset
+
+
+def evaluate(
+    model: TinyDecoder,
+    task: str,
+    config: TrainConfig,
+    seed: int,
+    device: torch.device,
+    lengths: list[int] | None = None,
+) -> dict[str, Any]:
+    """Teacher-forced scores at each input length (see the module docstring), as counts.
+
+    The examples come from a generator seeded with ``seed`` alone, so every scheme of a
+    seed is measured on the same inputs. A length whose sequence does not fit the learned
+    table is recorded as ``None`` (not defined), not as 0.
+
+    Returns:
+        ``{"lengths", "examples", "exact", "tokens", "first", "early_eos", "no_eos",
+        "wrong_symbol", "error_at", "probe", "greedy_check"}``: per length, the number of
+        examples exactly right, of answer tokens right (out of ``examples * (n + 1)``),
+        of first tokens right and of each kind of first error (ints or ``None``);
+        ``error_at`` is ``{"early_eos": [...], "wrong_symbol": [...]}``, per length the
+        mean answer index (1..n) of those first errors (None where there are none);
+        ``probe`` is
+        ``{"layer", "head", "source_weight", "first_offset"}`` (copy and reverse; None
+        for sort); ``greedy_check`` is ``{"lengths", "disagreements"}``, the number of
+        examples at those lengths whose greedy answer's exactness or first error differs
+        from the teacher-forced one (0 unless two logits tie to the last bit).
+    """
+    lengths = lengths or list(range(1, config.eval_max_len + 1))
+    samples = config.eval_samples
+    generator = torch.Generator().manual_seed(10_000 + seed)
+    data = {n: tasks.examples(task, n, samples, generator) for n in lengths}
+    position_generator = torch.Generator().manual_seed(20_000 + seed)
+    keys = ("exact", "tokens", "first", *ERRORS)
+    counts: dict[str, list[int | None]] = {k: [] for k in keys}
+    error_at: dict[str, list[float | None]] = {"early_eos": [], "wrong_symbol": []}
+    probe_weight, probe_offset = {}, {}
+    greedy = {"lengths": [], "disagreements": 0}
+    probing = task in ("copy", "reverse")
+    for n in lengths:
+        if not model.defines(2 * n + 2):
+            for k in keys:
+                counts[k].append(None)
+            for k in error_at:
+                error_at[k].append(None)
+            continue
+        rows = torch.full((samples,), n)
+        positions = sequence_positions(model, rows, 2 * n + 2, position_generator)
+        predicted, target, valid, maps = answer_argmax(
+            model, data[n], rows, positions, device, return_attention=probing
+        )
+        scores = score_rows(predicted, target, valid, rows)
+        for k in keys:
+            counts[k].append(int(scores[k].sum()))
+        for k in error_at:
+            where = scores["error_at"][scores[k]]
+            error_at[k].append(
+                round(where.double().mean().item(), 2) if len(where) else None
+            )
+        if probing:
+            probe_weight[n], probe_offset[n] = _head_statistics(maps, task, n)
+        if n in config.greedy_check_lengths():
+            greedy["lengths"].append(n)
+            greedy["disagreements"] += _greedy_disagreements(
+                model, data[n], positions, scores, device
+            )
+    probe = None
+    inside = [n for n in probe_weight if n <= config.train_max_len]
+    if probing and inside:
+        mean_weight = torch.stack([probe_weight[n] for n in inside]).mean(dim=0)
+        layer, head = divmod(int(mean_weight.argmax()), mean_weight.shape[1])
+        probe = {
+            "layer": layer,
+            "head": head,
+            "source_weight": [
+                round(float(probe_weight[n][layer, head]), 4)
+                if n in probe_weight
+                else None
+                for n in lengths
+            ],
+            "first_offset": [
+                round(float(probe_offset[n][layer, head]), 3)
+                if n in probe_offset
+                else None
+                for n in lengths
+            ],
+        }
+    return {
+        "lengths": list(lengths),
+        "examples": samples,
+        **counts,
+        "error_at": error_at,
+        "probe": probe,
+        "greedy_check": greedy,
+    }
+
+
+def _greedy_disagreements(
+    model: TinyDecoder,
+    seqs: Tensor,
+    positions: Tensor | None,
+    scores: dict[str, Tensor],
+    device: torch.device,
+) -> int:
+    """Decode ``seqs``' prompts greedily; count the rows whose exactness or kind of first
+    error differs from the teacher-forced ``scores``."""
+    batch, n = seqs.shape[0], (seqs.shape[1] - 3) // 2
+    if positions is None:
+        positions = torch.arange(2 * n + 2).expand(batch, -1)
+    generated = greedy_answers(
+        model,
+        seqs[:, : n + 2].to(device),
+        torch.ones(batch, n + 2, dtype=torch.bool, device=device),
+        positions.to(device),
+        n + 1,
+    ).cpu()
+    rows = torch.full((batch,), n)
+    target = seqs[:, n + 2 :]
+    again = score_rows(
+        generated, target, torch.ones_like(target, dtype=torch.bool), rows
+    )
+    differ = torch.zeros(batch, dtype=torch.bool)
+    for k in ("exact", *ERRORS):
+        differ |= again[k] != scores[k]
+    return int(differ.sum())
 
 
 @torch.no_grad()
@@ -160,87 +471,12 @@ def greedy_answers(
     return torch.stack(out, dim=1)
 
 
-def _eval_positions(
-    model: TinyDecoder, n: int, samples: int, width: int, generator: torch.Generator
-) -> Tensor:
-    """Positions of the ``width`` tokens fed in for input length ``n``: ``[samples, width]``.
-
-    The 2n + 2 tokens that matter (prompt and answer) get 0, 1, 2, ... or, for the randomized scheme, a
-    sorted random subset of ``[0, random_range)`` as in training; tokens generated after EOS (ignored) get
-    the positions that follow.
-    """
-    needed = 2 * n + 2
-    if model.config.scheme == "sinusoidal_random":
-        head = random_positions(
-            torch.full((samples,), needed), needed, model.config.random_range, generator
-        )
-        tail = model.config.random_range + torch.arange(width - needed)
-        return torch.cat([head, tail.expand(samples, -1)], dim=1)
-    return torch.arange(width).expand(samples, -1)
-
-
-def evaluate(
-    model: TinyDecoder,
-    task: str,
-    config: TrainConfig,
-    seed: int,
-    device: torch.device,
-    lengths: list[int] | None = None,
-) -> dict[str, list[Any]]:
-    """Exact match and token accuracy at each input length, by greedy decoding.
-
-    The examples come from a generator seeded with ``seed`` alone, so every scheme of a seed is measured on
-    the same inputs. Lengths are decoded in groups of ``config.eval_group`` lengths, the shorter prompts
-    left-padded (masked, with positions starting at 0 at BOS, so each row computes what it would alone).
-    A length whose sequence does not fit the learned table is recorded as ``None`` (not defined), not as 0.
-
-    Returns:
-        ``{"lengths": [...], "exact_match": [...], "token_accuracy": [...]}``, floats or ``None``.
-    """
-    lengths = lengths or list(range(1, config.eval_max_len + 1))
-    generator = torch.Generator().manual_seed(10_000 + seed)
-    data = {n: tasks.examples(task, n, config.eval_samples, generator) for n in lengths}
-    position_generator = torch.Generator().manual_seed(20_000 + seed)
-    scores: dict[int, tuple[float | None, float | None]] = {}
-    defined = [n for n in lengths if model.defines(2 * n + 2)]
-    for n in lengths:
-        if n not in defined:
-            scores[n] = (None, None)
-    for start in range(0, len(defined), config.eval_group):
-        group = defined[start : start + config.eval_group]
-        top = max(group)
-        w, n_new = top + 2, top + 1
-        prompts, valid, positions = [], [], []
-        for n in group:
-            pad = w - (n + 2)
-            prompt = data[n][:, : n + 2]
-            prompts.append(torch.nn.functional.pad(prompt, (pad, 0), value=tasks.PAD))
-            valid.append(torch.arange(w).expand(len(prompt), -1) >= pad)
-            pos = _eval_positions(
-                model, n, len(prompt), n + 2 + n_new - 1, position_generator
-            )
-            positions.append(torch.nn.functional.pad(pos, (pad, 0), value=0))
-        predicted = greedy_answers(
-            model,
-            torch.cat(prompts).to(device),
-            torch.cat(valid).to(device),
-            torch.cat(positions).to(device),
-            n_new,
-        ).cpu()
-        for k, n in enumerate(group):
-            rows = predicted[
-                k * config.eval_samples : (k + 1) * config.eval_samples, : n + 1
-            ]
-            right = rows == data[n][:, n + 2 :]  # [samples, n + 1]: y_1..y_n, EOS
-            scores[n] = (
-                round(right.all(dim=1).float().mean().item(), 6),
-                round(right.float().mean().item(), 6),
-            )
-    return {
-        "lengths": list(lengths),
-        "exact_match": [scores[n][0] for n in lengths],
-        "token_accuracy": [scores[n][1] for n in lengths],
-    }
+def steps_to_target(curve: dict[str, list[Any]], target: float) -> int | None:
+    """The first recorded step at which the validation exact match reached ``target`` (None: never)."""
+    for step, exact in zip(curve["steps"], curve["exact"]):
+        if exact >= target:
+            return step
+    return None
 
 
 def run(
@@ -262,17 +498,18 @@ def run(
         save_state: if given, the trained ``state_dict`` is saved there (``torch.save``).
 
     Returns:
-        ``{"scheme", "task", "seed", "train_seconds", "eval_seconds", "cpu_seconds", "final_loss",
-        "lengths", "exact_match", "token_accuracy"}``; ``cpu_seconds`` is the processor time of the run
-        (with one thread, what it would take alone on a free core).
+        ``{"scheme", "task", "seed", "train_seconds", "eval_seconds", "cpu_seconds",
+        "final_loss", "curve", **evaluate(...)}``; ``cpu_seconds`` is the processor time
+        of the run (with one thread, what it would take alone on a free core).
     """
     dev = torch.device(device)
     cpu_start = time.process_time()
     torch.manual_seed(seed)
     model = TinyDecoder(config.model_config(scheme)).to(dev)
     generator = torch.Generator().manual_seed(seed)
+    validation = validation_set(model, task, config, seed)
     start = time.perf_counter()
-    losses = train(model, task, config, generator, dev)
+    losses, curve = train(model, task, config, generator, dev, validation)
     train_seconds = time.perf_counter() - start
     result = evaluate(model, task, config, seed, dev)
     if save_state is not None:
@@ -286,6 +523,7 @@ def run(
         "eval_seconds": round(time.perf_counter() - start - train_seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
         "final_loss": round(sum(tail) / len(tail), 5),
+        "curve": curve,
         **result,
     }
 
