@@ -202,7 +202,8 @@ def test_first_errors_are_classified_by_the_first_wrong_token():
     assert scores["wrong_symbol"].tolist() == [False, False, False, True, True]
     assert scores["tokens"].tolist() == [3, 2, 2, 2, 0]
     assert scores["first"].tolist() == [True, True, True, False, False]
-    assert scores["error_at"].tolist()[1:] == [2, 3, 1, 1]  # answer index of the first error
+    # the answer index of the first error
+    assert scores["error_at"].tolist()[1:] == [2, 3, 1, 1]
     # rows of different lengths, left-aligned: positions past a row's n + 1 do not count
     short = score_rows(
         torch.tensor([[a, E, 0], [a, b, E]]),
