@@ -200,11 +200,9 @@ def sweep(
                 f"{elapsed / 60:.1f} min, load {load if load is not None else 'n/a'}"
             )
 
-        if device == "cpu" and workers > 1 and len(jobs) > 1:
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(workers) as pool:
-                for record in pool.imap_unordered(_one, jobs):
-                    progress(record)
+        if pool is not None:
+            for record in pool.imap_unordered(_one, jobs):
+                progress(record)
         else:
             threads = torch.get_num_threads()
             try:
@@ -213,29 +211,36 @@ def sweep(
             finally:
                 torch.set_num_threads(threads)
 
-    first = [job(t, s, seed) for t in tasks for s in schemes for seed in seeds]
-    execute(first, 1, len(first))
-    stage1 = {
-        "tasks": list(tasks),
-        "schemes": list(schemes),
-        "runs": records,
-        "settings": asdict(config),
+    # one pool for both stages: its workers import the code once, at the start
+    pool = None
+    if device == "cpu" and workers > 1:
+        pool = multiprocessing.get_context("spawn").Pool(workers)
+    try:
+        first = [job(t, s, seed) for t in tasks for s in schemes for seed in seeds]
+        execute(first, 1, len(first))
+        stage1 = {"tasks": list(tasks), "schemes": list(schemes), "runs": records}
+        stage1["settings"] = asdict(config)
+        widened = [
+            (t, s)
+            for t in tasks
+            for s in schemes
+            if extra_seeds and seed_spread(stage1, t, s) > spread
+        ]
+        second = [job(t, s, seed) for t, s in widened for seed in extra_seeds]
+        if second:
+            log(
+                f"stage 2: {len(extra_seeds)} more seeds for "
+                + ", ".join(f"{t}/{s}" for t, s in widened)
+            )
+            execute(second, 2, len(first) + len(second))
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    rank = {
+        (t, s): k for k, (t, s) in enumerate((t, s) for t in tasks for s in schemes)
     }
-    widened = [
-        (t, s)
-        for t in tasks
-        for s in schemes
-        if extra_seeds and seed_spread(stage1, t, s) > spread
-    ]
-    second = [job(t, s, seed) for t, s in widened for seed in extra_seeds]
-    if second:
-        log(
-            f"stage 2: {len(extra_seeds)} more seeds for "
-            + ", ".join(f"{t}/{s}" for t, s in widened)
-        )
-        execute(second, 2, len(first) + len(second))
-    order = {(j[1], j[0], j[2]): k for k, j in enumerate(first + second)}
-    records.sort(key=lambda r: order[(r["task"], r["scheme"], r["seed"])])
+    records.sort(key=lambda r: (rank[(r["task"], r["scheme"])], r["seed"]))
     results: dict[str, Any] = {
         "schema": SCHEMA,
         "date": stamp.date().isoformat(),
