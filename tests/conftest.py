@@ -1,11 +1,12 @@
 """Shared test configuration.
 
 - CUDA-only tests are marked ``gpu`` and skipped cleanly without CUDA.
-- **Parallel runs** (``make test`` runs ``pytest -n 2 --dist loadgroup``, pytest-xdist): each notebook's cells
-  form one group (nbval runs them in order, in one kernel, on one worker), and every browser test is in the
-  group ``browser``, so that one Chromium, started once, serves them all (:func:`chromium`). Other tests are
-  spread one by one. Items are ordered longest-first (notebooks and the browser group), so that no long group
-  starts last and leaves the other worker idle. A serial run (``pytest``, ``-p no:xdist``) runs the same items.
+- **Parallel runs** (``make test`` runs ``pytest -n <cores> --dist loadgroup``, pytest-xdist, scheduled by
+  :class:`GroupedScheduling`): each notebook's cells form one unit (nbval runs them in order, in one kernel, on
+  one worker), and every browser test is in the unit ``browser``, so that one Chromium, started once, serves
+  them all (:func:`chromium`). Other tests are spread one by one. Items are ordered longest-first (notebooks
+  and the browser group, then the slow files), so that no long unit starts last and leaves a worker idle.
+  A serial run (``pytest``, ``-p no:xdist``) runs the same items.
 """
 
 from __future__ import annotations
@@ -22,33 +23,55 @@ BROWSER_FILES = ("test_browser.py", "test_layout.py")
 SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_export.py")
 
 
-def _group(item: pytest.Item) -> str | None:
-    path = item.path
-    if path.suffix == ".ipynb":
-        return f"notebook-{path.stem}"
-    if path.name in BROWSER_FILES:
+def scope_of(nodeid: str) -> str:
+    """The scheduling unit of a test id under ``make test``: its notebook (all of a notebook's cells run in one
+    worker, in order), ``browser`` for the browser tests, or the test itself."""
+    head = nodeid.split("::", 1)[0]
+    if (
+        head.endswith(".ipynb") or "::ipynb::" in nodeid
+    ):  # pytest 9 may render "nb::ipynb::Cell 3"
+        return f"notebook {head.removesuffix('.ipynb')}"
+    if head.rsplit("/", 1)[-1] in BROWSER_FILES:
         return "browser"
-    return None
+    return nodeid
 
 
 def _weight(item: pytest.Item) -> int:
-    """Rough cost class: groups first, then slow files, then the rest (stable within each class)."""
-    group = _group(item)
-    if group == "browser" or group is not None:
+    """Rough cost class: notebooks and the browser group first, then slow files, then the rest (stable)."""
+    if scope_of(item.nodeid) != item.nodeid:
         return 0
     if item.path.name in SLOW_FILES:
         return 1
     return 2
 
 
+class GroupedScheduling:
+    """With ``--dist loadgroup``, schedule by :func:`scope_of`. (xdist's own loadgroup writes the group into
+    ``item._nodeid``, which pytest 9 no longer reads, so its groups are silently ignored; this scheduler keys on
+    the test ids themselves.) Registered only where pytest-xdist is installed."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return scope_of(nodeid)
+
+        return Scheduling(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(GroupedScheduling(), "posenc-grouped-scheduling")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    for item in items:
-        group = _group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=_weight)  # stable: each notebook's cells keep their order
     if torch.cuda.is_available():
         return
@@ -96,3 +119,23 @@ def book_server() -> Iterator[str]:
         unavailable(reason)
     with serve(book_html_dir()) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def browser_context(chromium: Any) -> Iterator[Any]:
+    """A desktop-sized (1280 x 900) context of the session's Chromium."""
+    from tests.browser_helpers import DESKTOP
+
+    context = chromium.new_context(viewport=DESKTOP)
+    context.set_default_timeout(20_000)
+    yield context
+    context.close()
+
+
+@pytest.fixture(scope="session")
+def visit(browser_context: Any, book_server: str) -> Any:
+    """``visit(path)``: the session's one visit of a page of the built book (tests/browser_pages.py)."""
+    from tests.browser_helpers import book_html_dir
+    from tests.browser_pages import visitor
+
+    return visitor(browser_context, book_server, book_html_dir())

@@ -14,12 +14,11 @@ installs Chromium and builds the book first).
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin, urlsplit
@@ -27,9 +26,7 @@ from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 import pytest
 
 from tests.browser_helpers import (
-    DESKTOP,
     ROOT,
-    WAIT_FOR_MATHJAX,
     book_html_dir,
     book_missing_reason,
     html_path,
@@ -37,6 +34,7 @@ from tests.browser_helpers import (
     toc_pages,
     unavailable,
 )
+from tests.browser_pages import Visit
 
 pytestmark = pytest.mark.browser
 
@@ -44,60 +42,6 @@ PAGES = toc_pages()
 NOTEBOOK_PAGES = [page for page in PAGES if (ROOT / f"{page}.ipynb").is_file()]
 API_PAGE = "book/api"
 SEARCH_WORD = "sinusoidal"  # in the intro's first sentence, and in every chapter
-
-
-# Everything the browser saw on one page, collected in a single visit.
-@dataclasses.dataclass
-class Visit:
-    url: str
-    status: int | None = None
-    title: str = ""
-    h1: str = ""
-    failed_requests: list[str] = dataclasses.field(default_factory=list)
-    bad_responses: list[str] = dataclasses.field(default_factory=list)
-    external_requests: list[str] = dataclasses.field(default_factory=list)
-    console_errors: list[str] = dataclasses.field(default_factory=list)
-    dom: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-# One pass over the rendered page: images (loaded eagerly, then decoded), math, raw TeX outside code, links,
-# code text. Raw TeX: text outside pre/code/MathJax output holding \( \) \[ \] $$, a $...$ pair or a TeX command
-# such as \texttt (the bibliography's entries are not LaTeX-rendered: pybtex prints commands as they are).
-COLLECT = r"""async () => {
-  const imgs = Array.from(document.images);
-  for (const img of imgs) img.loading = 'eager';
-  await Promise.all(imgs.map(img => img.decode().catch(() => null)));
-  const images = imgs.map(img => ({src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0}));
-  const maths = Array.from(document.querySelectorAll('.math'));
-  const untypeset = maths.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 80));
-  const mathErrors = Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent.slice(0, 80));
-  const skip = 'pre, code, script, style, textarea, mjx-container, .highlight';
-  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT, {
-    acceptNode: n => (n.parentElement && n.parentElement.closest(skip)) ? NodeFilter.FILTER_REJECT
-                                                                        : NodeFilter.FILTER_ACCEPT});
-  let text = '';
-  for (let n = walker.nextNode(); n; n = walker.nextNode()) text += n.nodeValue;
-  const rawTex = [];
-  const pattern = /\\\(|\\\)|\\\[|\\\]|\\[a-zA-Z]+|\$\$|(?<![\w$\\])\$[^$\s][^$]*?(?<![\s\\])\$(?![\w$])/g;
-  for (const m of text.matchAll(pattern)) {
-    rawTex.push(text.slice(Math.max(0, m.index - 30), m.index + m[0].length + 30).replace(/\s+/g, ' '));
-  }
-  const unlabelled = Array.from(document.querySelectorAll('div.math')).filter(m => !m.querySelector('.eqno'))
-    .map(m => m.textContent.slice(0, 80));
-  const article = document.querySelector('article') || document.body;
-  const h1 = article.querySelector('h1');
-  const top = h1 ? (h1.closest('section') || h1.parentElement) : null;
-  const firstParagraph = top ? (top.querySelector(':scope > p') || {innerText: ''}).innerText : '';
-  const h2s = Array.from(article.querySelectorAll('section > h2'));
-  const lastSection = h2s.length ? h2s[h2s.length - 1].closest('section') : null;
-  const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.href);
-  const downloads = Array.from(document.querySelectorAll('a.btn-download-source-button')).map(a => a.href);
-  const code = Array.from(document.querySelectorAll('pre')).map(p => p.textContent);
-  return {images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, links, downloads, code,
-          text: article.innerText, firstParagraph,
-          lastHeading: lastSection ? h2s[h2s.length - 1].innerText : '',
-          lastSectionText: lastSection ? lastSection.innerText : ''};
-}"""
 
 
 @pytest.fixture(scope="module")
@@ -111,88 +55,6 @@ def book_dir() -> Path:
 @pytest.fixture(scope="module")
 def base_url(book_dir: Path, book_server: str) -> str:
     return book_server
-
-
-@pytest.fixture(scope="module")
-def chromium_context(chromium: Any, base_url: str) -> Iterator[Any]:
-    """A desktop-sized context of the session's one Chromium (tests/conftest.py)."""
-    context = chromium.new_context(viewport=DESKTOP)
-    context.set_default_timeout(20_000)
-    yield context
-    context.close()
-
-
-@pytest.fixture(scope="module")
-def visit(chromium_context: Any, base_url: str, book_dir: Path) -> Callable[..., Visit]:
-    """``visit(path, ready=None)``: open ``base_url + path`` once (cached), wait for MathJax and for the CSS
-    selector ``ready`` if given, then collect what the page shows (``dom["ready"]``: the hrefs ``ready`` matched)."""
-    cache: dict[str, Visit] = {}
-
-    def do_visit(path: str, ready: str | None = None) -> Visit:
-        if path in cache:
-            return cache[path]
-        file = book_dir / urlsplit(path).path
-        if not file.is_file():
-            unavailable(
-                f"{file} is not built (the table of contents is newer than the book: run `make book`)"
-            )
-        result = Visit(url=urljoin(base_url, path))
-        page = chromium_context.new_page()
-
-        def route(route: Any) -> None:
-            if is_local(route.request.url):
-                route.continue_()
-            else:
-                result.external_requests.append(route.request.url)
-                route.abort()
-
-        page.route("**/*", route)
-        page.on(
-            "console",
-            lambda m: (
-                m.type == "error"
-                and result.console_errors.append(f"{m.text} ({m.location})")
-            ),
-        )
-        page.on("pageerror", lambda e: result.console_errors.append(f"uncaught: {e}"))
-        page.on(
-            "requestfailed",
-            lambda r: (
-                is_local(r.url)
-                and result.failed_requests.append(f"{r.url} ({r.failure})")
-            ),
-        )
-        page.on(
-            "response",
-            lambda r: (
-                r.status >= 400 and result.bad_responses.append(f"{r.status} {r.url}")
-            ),
-        )
-        try:
-            response = page.goto(result.url, wait_until="load")
-            result.status = response.status if response else None
-            page.evaluate(WAIT_FOR_MATHJAX)
-            if ready:
-                page.wait_for_selector(ready, state="attached")
-            page.wait_for_load_state("networkidle")
-            result.title = page.title()
-            result.h1 = (
-                page.locator("h1").first.inner_text()
-                if page.locator("h1").count()
-                else ""
-            )
-            result.dom = page.evaluate(COLLECT)
-            if ready:
-                result.dom["ready"] = page.eval_on_selector_all(
-                    ready, "els => els.map(a => a.href)"
-                )
-            page.wait_for_load_state("networkidle")
-        finally:
-            page.close()
-        cache[path] = result
-        return result
-
-    return do_visit
 
 
 @pytest.fixture(scope="module")
@@ -440,13 +302,13 @@ def test_search_finds_a_word_of_the_body_text(visit: Callable[..., Visit]) -> No
 
 
 def test_api_page_documents_positional_encoding(
-    chromium_context: Any, base_url: str, book_dir: Path
+    browser_context: Any, base_url: str, book_dir: Path
 ) -> None:
     import posenc
 
     if API_PAGE not in PAGES:
         pytest.fail(f"{API_PAGE} is not in _toc.yml")
-    page = chromium_context.new_page()
+    page = browser_context.new_page()
     try:
         page.goto(urljoin(base_url, html_path(API_PAGE)), wait_until="load")
         documented = {}

@@ -27,11 +27,13 @@ CLASSIC_TABLE_BYTES = {"labml": 5000 * 512 * 4, "spotpython": 12552 * 512 * 4}
 
 @pytest.fixture(scope="module")
 def report() -> dict:
+    # The timeout only guards against a hang (workers are killed past it); no time is asserted. Under a
+    # parallel `make test` on 2 busy cores, two ranks importing torch have taken over 45 s.
     start = time.perf_counter()
-    result = launch(world_size=2, timeout=45.0)
-    elapsed = time.perf_counter() - start
-    print(f"DDP workers finished in {elapsed:.1f} s", file=sys.stderr)
-    assert elapsed < 60
+    result = launch(world_size=2, timeout=180.0)
+    print(
+        f"DDP workers finished in {time.perf_counter() - start:.1f} s", file=sys.stderr
+    )
     return result
 
 

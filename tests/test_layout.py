@@ -23,13 +23,12 @@ Without Chromium or a built book these tests skip, saying why; with ``CI`` set t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import urljoin
 
 import pytest
 
-from tests.browser_helpers import DESKTOP, PHONE, WAIT_FOR_MATHJAX, html_path, toc_pages
+from tests.browser_helpers import DESKTOP, PHONE, html_path, toc_pages
 
 pytestmark = pytest.mark.browser
 
@@ -39,100 +38,20 @@ VIEWPORTS = {"desktop": DESKTOP, "phone": PHONE}
 #: drawn, then reads at 8.9 px or more).
 PHONE_FIGURE_SCALE = 0.75
 
-# Measures every element of interest: overflow (scrollWidth > clientWidth), whether its own box scrolls
-# (computed overflow-x auto/scroll), and for equations whether the number's box intersects the formula's.
-MEASURE = r"""() => {
-  for (const d of document.querySelectorAll('details')) d.open = true;  // a reader may open every folded cell
-  const article = document.querySelector('article') || document.body;
-  const scrolls = el => {
-    for (let e = el; e && e !== article; e = e.parentElement) {
-      const o = getComputedStyle(e).overflowX;
-      if ((o === 'auto' || o === 'scroll') && e.clientWidth < article.clientWidth + 2) return true;
-    }
-    return false;
-  };
-  const shown = el => el.getClientRects().length > 0
-                      && (!el.checkVisibility || el.checkVisibility({visibilityProperty: true}));
-  const over = el => shown(el) && el.scrollWidth > el.clientWidth + 1;
-  const describe = el => (el.innerText || el.textContent || '').trim().split('\n')[0].slice(0, 70);
-  const result = {code: [], codeScroll: [], outputs: [], outputsScroll: [], tables: [], equations: [],
-                  numbers: [], page: 0, figures: [], narrowFigures: [], tablesWide: [],
-                  equationsWide: [], figureScales: []};
-  for (const pre of article.querySelectorAll('.cell_input pre, div.highlight-python pre, div.highlight-bash pre')) {
-    if (over(pre)) { result.code.push(describe(pre)); if (!scrolls(pre)) result.codeScroll.push(describe(pre)); }
-  }
-  for (const pre of article.querySelectorAll('.cell_output pre, .output pre')) {
-    if (over(pre)) { result.outputs.push(describe(pre)); if (!scrolls(pre)) result.outputsScroll.push(describe(pre)); }
-  }
-  for (const table of article.querySelectorAll('table')) {
-    const box = table.parentElement;
-    const wide = table.getBoundingClientRect().width > article.clientWidth + 1;
-    if (wide) result.tablesWide.push(describe(table));
-    if (wide && !scrolls(table)) result.tables.push(describe(table));
-  }
-  for (const math of article.querySelectorAll('div.math')) {
-    const formula = math.querySelector('mjx-container');
-    if (!formula) continue;
-    const inner = formula.querySelector('mjx-math') || formula;
-    // the formula itself (mjx-math) wider than its box, or its box wider than the column or scrolling
-    const wide = inner.getBoundingClientRect().width > math.getBoundingClientRect().width + 1
-                 || formula.scrollWidth > formula.clientWidth + 1
-                 || math.getBoundingClientRect().right > article.getBoundingClientRect().right + 1;
-    if (wide) result.equationsWide.push(describe(math));
-    if (wide && !scrolls(formula)) result.equations.push(describe(math));
-    const number = math.querySelector('.eqno');
-    if (number) {
-      const a = number.getBoundingClientRect(), b = inner.getBoundingClientRect();
-      const overlap = Math.min(a.right, b.right) - Math.max(a.left, b.left);
-      const vertical = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
-      if (overlap > 2 && vertical > 2) result.numbers.push(describe(math));
-    }
-  }
-  result.page = document.documentElement.scrollWidth - document.documentElement.clientWidth;
-  for (const img of article.querySelectorAll('img')) {
-    if (img.closest('.cell_output') || img.closest('figure')) {
-      const figure = img.closest('figure');
-      if (!figure || !figure.querySelector('figcaption')) result.figures.push(img.getAttribute('src'));
-      const width = img.getBoundingClientRect().width;
-      if (width < 300) result.narrowFigures.push(img.getAttribute('src'));
-      if (img.naturalWidth) result.figureScales.push([img.getAttribute('src'), width / img.naturalWidth]);
-    }
-  }
-  return result;
-}"""
-
 
 @pytest.fixture(scope="module")
-def measurements(
-    chromium: Any, book_server: str
-) -> Iterator[dict[tuple[str, str], dict[str, Any]]]:
-    """``(viewport, page) -> measurement`` for every page at both widths (the session's Chromium, one visit each)."""
-    base = book_server
-    found: dict[tuple[str, str], dict[str, Any]] = {}
-    for name, viewport in VIEWPORTS.items():
-        context = chromium.new_context(viewport=viewport)
-        context.set_default_timeout(20_000)
-        context.route(
-            "**/*",
-            lambda route: (
-                route.continue_()
-                if route.request.url.startswith(base)
-                else route.abort()
-            ),
-        )
-        try:
-            for docname in PAGES:
-                page = context.new_page()
-                page.goto(urljoin(base, html_path(docname)), wait_until="load")
-                page.evaluate(WAIT_FOR_MATHJAX)
-                found[name, docname] = page.evaluate(MEASURE)
-                page.close()
-        finally:
-            context.close()
+def measurements(visit: Callable[..., Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """``(viewport, page) -> measurement`` for every page at both widths, from the session's one visit per page
+    (tests/browser_pages.py: ``MEASURE`` at 1280 px, then with the page resized to 390 px)."""
+    found = {
+        (name, docname): visit(html_path(docname)).layout[name]
+        for docname in PAGES
+        for name in VIEWPORTS
+    }
     for (name, docname), m in sorted(found.items()):
         counts = {k: len(v) if isinstance(v, list) else v for k, v in m.items()}
         print(f"layout {name:7s} {docname:28s} {counts}")
-    yield found
+    return found
 
 
 @pytest.mark.parametrize("viewport", list(VIEWPORTS))

@@ -1,0 +1,219 @@
+"""One visit per page of the built book, shared by every browser test (tests/test_browser.py, tests/test_layout.py).
+
+:func:`visitor` opens a page once, records its requests and console, collects what it shows (``COLLECT``) and
+measures its layout (``MEASURE``) at the desktop width, then resized to the phone width (the page is not
+reloaded: media queries apply on resize, and MathJax's output does not depend on the width). tests/conftest.py
+makes one such visitor per test session, on the session's one Chromium.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from tests.browser_helpers import (
+    DESKTOP,
+    PHONE,
+    WAIT_FOR_MATHJAX,
+    is_local,
+    unavailable,
+)
+
+
+# Everything the browser saw on one page, collected in a single visit.
+@dataclasses.dataclass
+class Visit:
+    url: str
+    status: int | None = None
+    title: str = ""
+    h1: str = ""
+    failed_requests: list[str] = dataclasses.field(default_factory=list)
+    bad_responses: list[str] = dataclasses.field(default_factory=list)
+    external_requests: list[str] = dataclasses.field(default_factory=list)
+    console_errors: list[str] = dataclasses.field(default_factory=list)
+    dom: dict[str, Any] = dataclasses.field(default_factory=dict)
+    layout: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+# One pass over the rendered page: images (loaded eagerly, then decoded), math, raw TeX outside code, links,
+# code text. Raw TeX: text outside pre/code/MathJax output holding \( \) \[ \] $$, a $...$ pair or a TeX command
+# such as \texttt (the bibliography's entries are not LaTeX-rendered: pybtex prints commands as they are).
+COLLECT = r"""async () => {
+  const imgs = Array.from(document.images);
+  for (const img of imgs) img.loading = 'eager';
+  await Promise.all(imgs.map(img => img.decode().catch(() => null)));
+  const images = imgs.map(img => ({src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0}));
+  const maths = Array.from(document.querySelectorAll('.math'));
+  const untypeset = maths.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 80));
+  const mathErrors = Array.from(document.querySelectorAll('mjx-merror')).map(e => e.textContent.slice(0, 80));
+  const skip = 'pre, code, script, style, textarea, mjx-container, .highlight';
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT, {
+    acceptNode: n => (n.parentElement && n.parentElement.closest(skip)) ? NodeFilter.FILTER_REJECT
+                                                                        : NodeFilter.FILTER_ACCEPT});
+  let text = '';
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) text += n.nodeValue;
+  const rawTex = [];
+  const pattern = /\\\(|\\\)|\\\[|\\\]|\\[a-zA-Z]+|\$\$|(?<![\w$\\])\$[^$\s][^$]*?(?<![\s\\])\$(?![\w$])/g;
+  for (const m of text.matchAll(pattern)) {
+    rawTex.push(text.slice(Math.max(0, m.index - 30), m.index + m[0].length + 30).replace(/\s+/g, ' '));
+  }
+  const unlabelled = Array.from(document.querySelectorAll('div.math')).filter(m => !m.querySelector('.eqno'))
+    .map(m => m.textContent.slice(0, 80));
+  const article = document.querySelector('article') || document.body;
+  const h1 = article.querySelector('h1');
+  const top = h1 ? (h1.closest('section') || h1.parentElement) : null;
+  const firstParagraph = top ? (top.querySelector(':scope > p') || {innerText: ''}).innerText : '';
+  const h2s = Array.from(article.querySelectorAll('section > h2'));
+  const lastSection = h2s.length ? h2s[h2s.length - 1].closest('section') : null;
+  const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.href);
+  const downloads = Array.from(document.querySelectorAll('a.btn-download-source-button')).map(a => a.href);
+  const code = Array.from(document.querySelectorAll('pre')).map(p => p.textContent);
+  return {images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, links, downloads, code,
+          text: article.innerText, firstParagraph,
+          lastHeading: lastSection ? h2s[h2s.length - 1].innerText : '',
+          lastSectionText: lastSection ? lastSection.innerText : ''};
+}"""
+
+
+# Measures every element of interest: overflow (scrollWidth > clientWidth), whether its own box scrolls
+# (computed overflow-x auto/scroll), and for equations whether the number's box intersects the formula's.
+MEASURE = r"""() => {
+  for (const d of document.querySelectorAll('details')) d.open = true;  // a reader may open every folded cell
+  const article = document.querySelector('article') || document.body;
+  const scrolls = el => {
+    for (let e = el; e && e !== article; e = e.parentElement) {
+      const o = getComputedStyle(e).overflowX;
+      if ((o === 'auto' || o === 'scroll') && e.clientWidth < article.clientWidth + 2) return true;
+    }
+    return false;
+  };
+  const shown = el => el.getClientRects().length > 0
+                      && (!el.checkVisibility || el.checkVisibility({visibilityProperty: true}));
+  const over = el => shown(el) && el.scrollWidth > el.clientWidth + 1;
+  const describe = el => (el.innerText || el.textContent || '').trim().split('\n')[0].slice(0, 70);
+  const result = {code: [], codeScroll: [], outputs: [], outputsScroll: [], tables: [], equations: [],
+                  numbers: [], page: 0, figures: [], narrowFigures: [], tablesWide: [],
+                  equationsWide: [], figureScales: []};
+  for (const pre of article.querySelectorAll('.cell_input pre, div.highlight-python pre, div.highlight-bash pre')) {
+    if (over(pre)) { result.code.push(describe(pre)); if (!scrolls(pre)) result.codeScroll.push(describe(pre)); }
+  }
+  for (const pre of article.querySelectorAll('.cell_output pre, .output pre')) {
+    if (over(pre)) { result.outputs.push(describe(pre)); if (!scrolls(pre)) result.outputsScroll.push(describe(pre)); }
+  }
+  for (const table of article.querySelectorAll('table')) {
+    const box = table.parentElement;
+    const wide = table.getBoundingClientRect().width > article.clientWidth + 1;
+    if (wide) result.tablesWide.push(describe(table));
+    if (wide && !scrolls(table)) result.tables.push(describe(table));
+  }
+  for (const math of article.querySelectorAll('div.math')) {
+    const formula = math.querySelector('mjx-container');
+    if (!formula) continue;
+    const inner = formula.querySelector('mjx-math') || formula;
+    // the formula itself (mjx-math) wider than its box, or its box wider than the column or scrolling
+    const wide = inner.getBoundingClientRect().width > math.getBoundingClientRect().width + 1
+                 || formula.scrollWidth > formula.clientWidth + 1
+                 || math.getBoundingClientRect().right > article.getBoundingClientRect().right + 1;
+    if (wide) result.equationsWide.push(describe(math));
+    if (wide && !scrolls(formula)) result.equations.push(describe(math));
+    const number = math.querySelector('.eqno');
+    if (number) {
+      const a = number.getBoundingClientRect(), b = inner.getBoundingClientRect();
+      const overlap = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+      const vertical = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+      if (overlap > 2 && vertical > 2) result.numbers.push(describe(math));
+    }
+  }
+  result.page = document.documentElement.scrollWidth - document.documentElement.clientWidth;
+  for (const img of article.querySelectorAll('img')) {
+    if (img.closest('.cell_output') || img.closest('figure')) {
+      const figure = img.closest('figure');
+      if (!figure || !figure.querySelector('figcaption')) result.figures.push(img.getAttribute('src'));
+      const width = img.getBoundingClientRect().width;
+      if (width < 300) result.narrowFigures.push(img.getAttribute('src'));
+      if (img.naturalWidth) result.figureScales.push([img.getAttribute('src'), width / img.naturalWidth]);
+    }
+  }
+  return result;
+}"""
+
+
+def visitor(context: Any, base_url: str, book_dir: Path) -> Callable[..., Visit]:
+    """``visit(path, ready=None)``: open ``base_url + path`` once (cached) in ``context`` (desktop-sized), wait
+    for MathJax and for the CSS selector ``ready`` if given, then collect what the page shows (``dom``;
+    ``dom["ready"]``: the hrefs ``ready`` matched) and measure its layout (``layout``: ``MEASURE`` at the desktop
+    width, then with the same page resized to the phone width). One load per page serves every browser test."""
+    cache: dict[str, Visit] = {}
+
+    def do_visit(path: str, ready: str | None = None) -> Visit:
+        if path in cache:
+            return cache[path]
+        file = book_dir / urlsplit(path).path
+        if not file.is_file():
+            unavailable(
+                f"{file} is not built (the table of contents is newer than the book: run `make book`)"
+            )
+        result = Visit(url=urljoin(base_url, path))
+        page = context.new_page()
+
+        def route(route: Any) -> None:
+            if is_local(route.request.url):
+                route.continue_()
+            else:
+                result.external_requests.append(route.request.url)
+                route.abort()
+
+        page.route("**/*", route)
+        page.on(
+            "console",
+            lambda m: (
+                m.type == "error"
+                and result.console_errors.append(f"{m.text} ({m.location})")
+            ),
+        )
+        page.on("pageerror", lambda e: result.console_errors.append(f"uncaught: {e}"))
+        page.on(
+            "requestfailed",
+            lambda r: (
+                is_local(r.url)
+                and result.failed_requests.append(f"{r.url} ({r.failure})")
+            ),
+        )
+        page.on(
+            "response",
+            lambda r: (
+                r.status >= 400 and result.bad_responses.append(f"{r.status} {r.url}")
+            ),
+        )
+        try:
+            response = page.goto(result.url, wait_until="load")
+            result.status = response.status if response else None
+            page.evaluate(WAIT_FOR_MATHJAX)
+            if ready:
+                page.wait_for_selector(ready, state="attached")
+            page.wait_for_load_state("networkidle")
+            result.title = page.title()
+            result.h1 = (
+                page.locator("h1").first.inner_text()
+                if page.locator("h1").count()
+                else ""
+            )
+            result.dom = page.evaluate(COLLECT)
+            if ready:
+                result.dom["ready"] = page.eval_on_selector_all(
+                    ready, "els => els.map(a => a.href)"
+                )
+            result.layout["desktop"] = page.evaluate(MEASURE)
+            page.set_viewport_size(PHONE)
+            result.layout["phone"] = page.evaluate(MEASURE)
+            page.set_viewport_size(DESKTOP)
+            page.wait_for_load_state("networkidle")
+        finally:
+            page.close()
+        cache[path] = result
+        return result
+
+    return do_visit
