@@ -62,8 +62,8 @@ test-time: $(STAMP)
 # The nbval suite as another machine would run it: torch's portable kernels (no vector instructions), then one
 # thread. Stored outputs must not depend on either (see the README's edit loop).
 test-portable: $(STAMP)
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q book
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q book
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -q book
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -q book
 
 # The package's stated floor: the wheel, installed into a clean venv with the oldest supported torch, passes the
 # package tests that need no Jupyter (compile/export tests skip below their own floors). Downloads torch once.

@@ -68,3 +68,38 @@ def test_wheel_installs_into_a_clean_venv_and_imports(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert sysconfig.get_paths()["purelib"] != site
+
+
+def _documented(obj: object, name: str) -> list[tuple[str, str]]:
+    """(qualified name, docstring) of ``obj`` and, for a class, of each method it defines itself."""
+    import inspect
+
+    found = [(name, inspect.getdoc(obj) or "")]
+    if inspect.isclass(obj):
+        for attr, member in vars(obj).items():
+            if (attr.startswith("_") and attr != "__init__") or not callable(member):
+                continue
+            found.append((f"{name}.{attr}", inspect.getdoc(member) or ""))
+    return found
+
+
+def test_docstrings_read_as_plain_text_in_help() -> None:
+    """`help(posenc.X)` shows a docstring as it is written: no `$...$` math and no LaTeX commands, which a
+    terminal prints raw (the API page shows the same plain text)."""
+    import re
+
+    latex = re.compile(r"\$|\\(?:[a-zA-Z]{2,}|[()\[\]{}])")
+    docs = [("posenc", posenc.__doc__ or "")]
+    for module in ("encoding", "module", "offsets", "rotary", "sincos"):
+        mod = getattr(posenc, module, None)
+        if mod is not None:
+            docs.append((f"posenc.{module}", mod.__doc__ or ""))
+    for name in posenc.__all__:
+        docs += _documented(getattr(posenc, name), f"posenc.{name}")
+    raw = [
+        f"{name}: {match.group(0)!r} in ...{doc[max(0, match.start() - 30) : match.end() + 30]!r}"
+        for name, doc in docs
+        for match in [latex.search(doc)]
+        if match
+    ]
+    assert not raw, "docstrings with LaTeX that help() prints raw:\n" + "\n".join(raw)
