@@ -121,6 +121,40 @@ def machine(device: str) -> dict[str, Any]:
     return info
 
 
+def paired_rounds(
+    timers: dict[str, Any],
+    calls: dict[str, int],
+    times: dict[str, list[float]],
+    *,
+    seconds: float,
+    min_rounds: int,
+    max_rounds: int,
+) -> int:
+    """Time every variant once per round, ``calls[name]`` calls a block, appending the per-call seconds to
+    ``times[name]``; the order rotates each round, so that no variant always runs first (or right after the
+    same one). Rounds go on until ``seconds`` have passed (at least ``min_rounds``, at most ``max_rounds``).
+    Returns the number of rounds: ratios are then taken round by round (:func:`paired_ratio`)."""
+    names = list(timers)
+    start, rounds = time.perf_counter(), 0
+    while rounds < max_rounds and (
+        rounds < min_rounds or time.perf_counter() - start < seconds
+    ):
+        shift = rounds % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(timers[name].timeit(calls[name]).mean)
+        rounds += 1
+    return rounds
+
+
+def paired_ratio(
+    times: dict[str, list[float]], num: str, den: str
+) -> tuple[float, list[float]]:
+    """Median over rounds of ``times[num] / times[den]`` and its quartiles (3 decimals)."""
+    r = [a / b for a, b in zip(times[num], times[den])]
+    q1, _, q3 = statistics.quantiles(r, n=4)
+    return round(statistics.median(r), 3), [round(q1, 3), round(q3, 3)]
+
+
 def _fused_on_the_fly(
     d_model: int, device: torch.device
 ) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -247,15 +281,14 @@ def time_shape(
                 .mean
             )
             calls[name] = max(1, round(block_s / single))
-        start = time.perf_counter()
-        rounds = 0
-        while rounds < max_rounds and (
-            rounds < min_rounds or time.perf_counter() - start < seconds
-        ):
-            shift = rounds % len(names)
-            for name in names[shift:] + names[:shift]:
-                times[name].append(timers[name].timeit(calls[name]).mean)
-            rounds += 1
+        rounds = paired_rounds(
+            timers,
+            calls,
+            times,
+            seconds=seconds,
+            min_rounds=min_rounds,
+            max_rounds=max_rounds,
+        )
     ratios = {
         name: [roof / t for roof, t in zip(times["roofline"], times[name])]
         for name in names

@@ -1,8 +1,12 @@
-"""Benchmark posenc's rotary embeddings against the Hugging Face recipe and a copy roofline.
+"""Benchmark posenc's rotary embeddings against Hugging Face transformers and a copy roofline.
 
     python benchmarks/bench_rotary.py                  # CPU, eager and torch.compile -> results/rotary-cpu-<date>.json
     python benchmarks/bench_rotary.py --no-compiled    # eager only (compiling takes minutes on a small CPU)
+    python benchmarks/bench_rotary.py --before 4a91582 # also: the code at that git revision, paired by round
     python benchmarks/bench_rotary.py --device cuda    # on a GPU -> results/rotary-gpu-<date>.json
+
+Needs transformers (the real package, as pinned in requirements.txt); tools/gpu_check.py skips this benchmark,
+saying so, where it is not installed.
 
 Shapes (float32, q and k both ``[batch, heads, seq_len, head_dim]``, the "half" layout of Hugging Face):
 
@@ -11,12 +15,17 @@ Shapes (float32, q and k both ``[batch, heads, seq_len, head_dim]``, the "half" 
 
 Variants, all rotating q and k at the same positions:
 
-- ``hf``: ``apply_rotary_pos_emb(q, k, cos, sin)`` with ``LlamaRotaryEmbedding``'s tables computed once outside the
-  timed call (a model computes them once per forward and shares them across layers): tests/rotary_peers.py;
+- ``hf``: transformers' ``apply_rotary_pos_emb(q, k, cos, sin)`` with ``LlamaRotaryEmbedding``'s tables computed
+  once outside the timed call (a model computes them once per forward and shares them across layers);
 - ``hf_with_tables``: the same plus the table computation (``LlamaRotaryEmbedding.forward``) in every call;
 - ``posenc``: ``RotaryEmbedding(128, layout="half")(q, k, offset=...)``, the cached table sliced;
 - ``posenc_apply``: ``apply_rotary(q, cos=cos, sin=sin, layout="half")`` and the same for k, tables precomputed
   (``posenc_apply_compiled``: that function compiled);
+- ``hf_llama3`` / ``posenc_llama3``: the same as ``hf`` / ``posenc`` with Llama 3.1's ``rope_parameters``;
+- ``hf_mrope`` / ``posenc_mrope``: Qwen2-VL's M-RoPE (``mrope_section=[16, 24, 24]``, base 1e6) with positions
+  ``[3, batch, seq]`` (text, then an image grid): transformers' ``Qwen2VLRotaryEmbedding(x, position_ids)`` and
+  ``apply_rotary_pos_emb`` in every call, against ``RotaryEmbedding(..., scaling=...)(q, k, positions=...)``;
+  each computes its tables from the positions in the call, as a model does once per forward;
 - with ``--compiled`` (default): ``torch.compile(fullgraph=True)`` of ``hf`` and of a function of (q, k) calling
   the ``posenc`` module (``posenc_compiled``: how a compiled model runs it, the module inlined in its graph); and
   ``posenc_compiled_module``, ``torch.compile`` of the module object itself, whose call goes through the wrapper
@@ -27,19 +36,29 @@ rounds: the bytes any rotation must move, at the copy bandwidth achieved on this
 q, k and the tables once and writes two outputs moves the same bytes as that copy, so ``ratio = copy time /
 variant time`` is at most about 1.
 
+``--before REV``: posenc as it was at git revision REV (``git show REV:posenc/...``, loaded under another package
+name) is timed beside the working tree's, module and function, in the same rounds at both shapes: the paired
+before/after ratios of a change (``before_after`` in the results file).
+
 Method (as benchmarks/bench.py): short interleaved rounds, each timing one block (about 2 ms of calls) of every
 variant in a rotated order; ratios are taken within each round and reported as medians over the rounds with their
-quartiles, so load from other processes hits both sides of a ratio alike. One intra-op thread on CPU.
+quartiles, so load from other processes hits both sides of a ratio alike (the load average before and after is
+recorded). One intra-op thread on CPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import importlib
 import json
+import math
 import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -51,9 +70,56 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
-from benchmarks.bench import ALLOCATOR_ENV, _load_average, allocator_env_active, machine  # noqa: E402
-from posenc import RotaryEmbedding, apply_rotary  # noqa: E402
-from tests.rotary_peers import hf_apply_rotary_pos_emb, hf_cos_sin  # noqa: E402
+from benchmarks.bench import (  # noqa: E402
+    ALLOCATOR_ENV,
+    _load_average,
+    allocator_env_active,
+    machine,
+    paired_ratio,
+    paired_rounds,
+)
+from posenc import RotaryEmbedding, apply_rotary, rotary_cos_sin  # noqa: E402
+from tests.rotary_peers import LLAMA31, hf_rotary_embedding  # noqa: E402
+
+#: Qwen2-VL's rope_scaling (config.json), with its rope_theta
+QWEN2_VL = {"type": "mrope", "mrope_section": [16, 24, 24]}
+QWEN2_VL_BASE = 1e6
+
+
+def qwen2_vl_scaling(head_dim: int) -> dict[str, Any]:
+    """``QWEN2_VL`` for a head of ``head_dim`` channels: its split ([16, 24, 24] of 64 pairs) scaled."""
+    pairs = head_dim // 2
+    time_axis = pairs // 4
+    height = (pairs - time_axis) // 2
+    return {
+        **QWEN2_VL,
+        "mrope_section": [time_axis, height, pairs - time_axis - height],
+    }
+
+
+def _hf_apply() -> Callable[..., Any]:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb
+
+
+def mrope_positions(seq_len: int, offset: int, device: torch.device) -> torch.Tensor:
+    """Qwen2-VL-style positions ``[3, 1, seq_len]``: a quarter of text, then a square image grid (time fixed,
+    height and width counting from where the text ended), then text again; a decoding step is one text token at
+    ``offset`` on all three axes."""
+    if seq_len == 1:
+        return torch.full((3, 1, 1), offset, device=device)
+    text = seq_len // 4
+    side = math.isqrt(seq_len // 2)
+    rows = torch.arange(side, device=device).repeat_interleave(side)
+    cols = torch.arange(side, device=device).repeat(side)
+    image = torch.stack([torch.full_like(rows, text), text + rows, text + cols])
+    rest = seq_len - text - side * side
+    start = text + side
+    tail = torch.arange(start, start + rest, device=device).expand(3, -1)
+    head = torch.arange(text, device=device).expand(3, -1)
+    return torch.cat([head, image, tail], 1)[:, None] + offset
+
 
 #: (batch, heads, seq_len, head_dim) -> (position of the first token, what the shape probes)
 SHAPES: dict[tuple[int, int, int, int], tuple[int, str]] = {
@@ -71,6 +137,10 @@ def make_variants(
     compiled: bool,
 ) -> tuple[dict[str, Callable[[], Any]], dict[str, int]]:
     """The callables to time for one shape, and the bytes each must move at least (read q, k, tables; write two)."""
+    from transformers import Qwen2VLConfig
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+
+    apply_rotary_pos_emb = _hf_apply()
     batch, _, seq_len, head_dim = shape
     torch.manual_seed(0)
     q = torch.randn(shape, device=device)
@@ -78,28 +148,52 @@ def make_variants(
     position_ids = torch.arange(offset, offset + seq_len, device=device).expand(
         batch, -1
     )
-    cos, sin = hf_cos_sin(position_ids, head_dim)  # [batch, seq_len, head_dim] float32
+    hf_rope = hf_rotary_embedding(head_dim).to(device)
+    cos, sin = hf_rope(q, position_ids)  # [batch, seq_len, head_dim] float32
     rope = RotaryEmbedding(head_dim, layout="half", max_len=4096).to(device)
     rope(q, k, offset=offset)  # fill the cache
     table_rows = (cos[0], sin[0])  # [seq_len, head_dim]
+    # Llama 3.1 scaling: transformers' tables once per forward; posenc's cached table
+    hf_llama3 = hf_rotary_embedding(head_dim, LLAMA31, 131072).to(device)
+    cos3, sin3 = hf_llama3(q, position_ids)
+    rope3 = RotaryEmbedding(head_dim, layout="half", scaling=LLAMA31).to(device)
+    rope3(q, k, offset=offset)
+    # Qwen2-VL M-RoPE: tables from the positions of the call, on both sides
+    text = Qwen2VLConfig(text_config={
+        "hidden_size": 4 * head_dim, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "rope_theta": QWEN2_VL_BASE, "rope_scaling": qwen2_vl_scaling(head_dim),
+    }).text_config  # fmt: skip
+    hf_mrope = modeling_qwen2_vl.Qwen2VLRotaryEmbedding(text).to(device)
+    rope_m = RotaryEmbedding(
+        head_dim, layout="half", base=QWEN2_VL_BASE, scaling=qwen2_vl_scaling(head_dim)
+    ).to(device)
+    positions3 = mrope_positions(seq_len, offset, device).expand(3, batch, -1)
 
     def copy() -> None:
         q.clone(), k.clone(), table_rows[0].clone(), table_rows[1].clone()
 
     def hf_with_tables() -> Any:
-        c, s = hf_cos_sin(position_ids, head_dim)
-        return hf_apply_rotary_pos_emb(q, k, c, s)
+        c, s = hf_rope(q, position_ids)
+        return apply_rotary_pos_emb(q, k, c, s)
 
     def posenc_apply() -> Any:
         kw = {"cos": table_rows[0], "sin": table_rows[1], "layout": "half"}
         return apply_rotary(q, **kw), apply_rotary(k, **kw)
 
+    def hf_mrope_call() -> Any:
+        c, s = hf_mrope(q, positions3)
+        return modeling_qwen2_vl.apply_rotary_pos_emb(q, k, c, s)
+
     variants: dict[str, Callable[[], Any]] = {
         "roofline_copy": copy,
-        "hf": lambda: hf_apply_rotary_pos_emb(q, k, cos, sin),
+        "hf": lambda: apply_rotary_pos_emb(q, k, cos, sin),
         "hf_with_tables": hf_with_tables,
         "posenc": lambda: rope(q, k, offset=offset),
         "posenc_apply": posenc_apply,
+        "hf_llama3": lambda: apply_rotary_pos_emb(q, k, cos3, sin3),
+        "posenc_llama3": lambda: rope3(q, k, offset=offset),
+        "hf_mrope": hf_mrope_call,
+        "posenc_mrope": lambda: rope_m(q, k, positions=positions3),
     }
     if compiled:
         # as inside a compiled model: a compiled function of (q, k) that calls the module,
@@ -116,7 +210,7 @@ def make_variants(
         rope_c = torch.compile(rotate, fullgraph=True, dynamic=False)
         module_c = torch.compile(rope, fullgraph=True, dynamic=False)
         apply_c = torch.compile(apply_both, fullgraph=True, dynamic=False)
-        hf_c = torch.compile(hf_apply_rotary_pos_emb, fullgraph=True, dynamic=False)
+        hf_c = torch.compile(apply_rotary_pos_emb, fullgraph=True, dynamic=False)
         variants["posenc_compiled"] = lambda: rope_c(q, k)
         variants["posenc_compiled_module"] = lambda: module_c(q, k, offset=offset)
         variants["posenc_apply_compiled"] = lambda: apply_c(q, k, *table_rows)
@@ -125,18 +219,17 @@ def make_variants(
     return variants, dict.fromkeys(variants, nbytes)
 
 
-def time_shape(
-    shape: tuple[int, int, int, int],
-    offset: int,
+def time_rounds(
+    variants: dict[str, Callable[[], Any]],
     device: torch.device,
     *,
     seconds: float,
     block_s: float,
-    compiled: bool,
     min_rounds: int = 15,
     max_rounds: int = 400,
-) -> dict[str, Any]:
-    variants, moved = make_variants(shape, offset, device, compiled=compiled)
+) -> tuple[dict[str, list[float]], dict[str, int], dict[str, float], int]:
+    """Interleaved rounds of every variant (order rotated each round): per-call times per round, the calls per
+    block, the warm-up seconds and the number of rounds."""
     names = list(variants)
     timers = {
         n: benchmark.Timer("f()", globals={"f": variants[n]}, num_threads=1)
@@ -153,35 +246,51 @@ def time_shape(
             if device.type == "cuda":
                 torch.cuda.synchronize()
             warmup_s[name] = round(time.perf_counter() - start, 2)
-            single = (
-                timers[name]
-                .timeit(
-                    max(
-                        1,
-                        min(100, int(block_s / max(timers[name].timeit(1).mean, 1e-7))),
-                    )
-                )
-                .mean
-            )
+            once = max(timers[name].timeit(1).mean, 1e-7)
+            single = timers[name].timeit(max(1, min(100, int(block_s / once)))).mean
             calls[name] = max(1, round(block_s / single))
-        start, rounds = time.perf_counter(), 0
-        while rounds < max_rounds and (
-            rounds < min_rounds or time.perf_counter() - start < seconds
-        ):
-            shift = rounds % len(names)
-            for name in names[shift:] + names[:shift]:
-                times[name].append(timers[name].timeit(calls[name]).mean)
-            rounds += 1
+        rounds = paired_rounds(
+            timers,
+            calls,
+            times,
+            seconds=seconds,
+            min_rounds=min_rounds,
+            max_rounds=max_rounds,
+        )
+    return times, calls, warmup_s, rounds
 
-    def median_ratio(num: str, den: str) -> tuple[float, list[float]]:
-        r = [a / b for a, b in zip(times[num], times[den])]
-        q1, _, q3 = statistics.quantiles(r, n=4)
-        return round(statistics.median(r), 3), [round(q1, 3), round(q3, 3)]
 
-    ratio = {n: median_ratio("roofline_copy", n) for n in names}
-    speedup = {n: median_ratio("hf", n) for n in names if n != "hf"}
+paired = paired_ratio
+
+
+def time_shape(
+    shape: tuple[int, int, int, int],
+    offset: int,
+    device: torch.device,
+    *,
+    seconds: float,
+    block_s: float,
+    compiled: bool,
+    min_rounds: int = 15,
+    max_rounds: int = 400,
+) -> dict[str, Any]:
+    variants, moved = make_variants(shape, offset, device, compiled=compiled)
+    names = list(variants)
+    times, calls, warmup_s, rounds = time_rounds(
+        variants, device, seconds=seconds, block_s=block_s,
+        min_rounds=min_rounds, max_rounds=max_rounds,
+    )  # fmt: skip
+
+    ratio = {n: paired(times, "roofline_copy", n) for n in names}
+    speedup = {n: paired(times, "hf", n) for n in names if n != "hf"}
+    # each scaled posenc variant against the same scaling in transformers, paired by round
+    speedup_scaled = {
+        n: paired(times, n.replace("posenc", "hf"), n)
+        for n in ("posenc_llama3", "posenc_mrope")
+        if n in times
+    }
     speedup_c = {
-        n: median_ratio("hf_compiled", n)
+        n: paired(times, "hf_compiled", n)
         for n in names
         if "_compiled" in n and n != "hf_compiled"
     }
@@ -202,6 +311,11 @@ def time_shape(
         # hf time / variant time, paired by round: > 1 = faster than the Hugging Face recipe
         "speedup_over_hf": {n: v[0] for n, v in speedup.items()},
         "speedup_over_hf_quartiles": {n: v[1] for n, v in speedup.items()},
+        # hf_llama3 / posenc_llama3 and hf_mrope / posenc_mrope, paired by round: > 1 = posenc faster
+        "speedup_over_hf_same_scaling": {n: v[0] for n, v in speedup_scaled.items()},
+        "speedup_over_hf_same_scaling_quartiles": {
+            n: v[1] for n, v in speedup_scaled.items()
+        },
         # hf_compiled time / variant time, paired by round (compiled variants only)
         "speedup_over_hf_compiled": {n: v[0] for n, v in speedup_c.items()},
         "speedup_over_hf_compiled_quartiles": {n: v[1] for n, v in speedup_c.items()},
@@ -210,6 +324,123 @@ def time_shape(
             n: round(moved[n] / statistics.median(times[n]) / 1e9, 2) for n in names
         },
     }
+
+
+def load_revision(rev: str, directory: Path) -> Any:
+    """posenc as it was at git revision ``rev`` (``git show``), importable from ``directory`` under another
+    name, with its custom operators in their own namespace so that both versions load in one process."""
+    name = "posenc_" + re.sub(r"\W", "_", rev)
+    package = directory / name
+    package.mkdir(parents=True, exist_ok=True)
+    listing = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev, "posenc/"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    for path in listing:
+        if not path.endswith(".py"):
+            continue
+        text = subprocess.run(
+            ["git", "show", f"{rev}:{path}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        text = re.sub(r"\bposenc\.", f"{name}.", text).replace(
+            '"posenc::', f'"{name}::'
+        )
+        (package / Path(path).name).write_text(text)
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    return importlib.import_module(name)
+
+
+def _pair_variants(
+    modules: dict[str, Any],
+    tables: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    funcs: dict[str, Callable[..., Any]],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    offset: int,
+) -> dict[str, Callable[[], Any]]:
+    """``module_before``, ``module_after``, ``apply_before``, ``apply_after``: the same calls of both versions."""
+    variants: dict[str, Callable[[], Any]] = {}
+    for version in ("before", "after"):
+        module, (c, s), f = modules[version], tables[version], funcs[version]
+        variants[f"module_{version}"] = lambda m=module: m(q, k, offset=offset)
+        variants[f"apply_{version}"] = lambda f=f, c=c, s=s: (
+            f(q, cos=c, sin=s, layout="half"),
+            f(k, cos=c, sin=s, layout="half"),
+        )
+    return variants
+
+
+def time_before_after(
+    rev: str,
+    device: torch.device,
+    *,
+    seconds: float,
+    block_s: float,
+    shapes: dict[tuple[int, int, int, int], tuple[int, str]] | None = None,
+    min_rounds: int = 15,
+) -> dict[str, Any]:
+    """The module and the function of revision ``rev`` and of the working tree, timed in the same rounds at
+    every shape: ``time_before / time_after`` per round (> 1: the working tree is faster)."""
+    out: dict[str, Any] = {"revision": rev, "results": []}
+    with tempfile.TemporaryDirectory(prefix="posenc-before-") as tmp:
+        before = load_revision(rev, Path(tmp))
+        out["revision_commit"] = subprocess.run(
+            ["git", "rev-parse", rev],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for shape, (offset, _) in (shapes or SHAPES).items():
+            torch.manual_seed(0)
+            q, k = torch.randn(shape, device=device), torch.randn(shape, device=device)
+            head_dim, seq_len = shape[-1], shape[-2]
+            p = torch.arange(offset, offset + seq_len, device=device)
+            modules = {
+                "before": before.RotaryEmbedding(head_dim, layout="half").to(device),
+                "after": RotaryEmbedding(head_dim, layout="half").to(device),
+            }
+            tables = {
+                "before": before.rotary_cos_sin(p, head_dim, layout="half"),
+                "after": rotary_cos_sin(p, head_dim, layout="half"),
+            }
+            funcs = {"before": before.apply_rotary, "after": apply_rotary}
+            results = {v: modules[v](q, k, offset=offset) for v in modules}
+            same = all(
+                torch.equal(a, b) for a, b in zip(results["before"], results["after"])
+            )
+            variants = _pair_variants(modules, tables, funcs, q, k, offset)
+            times, _, _, rounds = time_rounds(
+                variants,
+                device,
+                seconds=seconds,
+                block_s=block_s,
+                min_rounds=min_rounds,
+            )
+            ratios = {
+                n: paired(times, f"{n}_before", f"{n}_after")
+                for n in ("module", "apply")
+            }
+            out["results"].append({
+                "shape": list(shape), "first_position": offset, "rounds": rounds,
+                "bitwise_equal": same,
+                "median_us": {n: round(statistics.median(t) * 1e6, 2) for n, t in times.items()},
+                # time before / time after, paired by round: > 1 = the working tree is faster
+                "before_over_after": {n: v[0] for n, v in ratios.items()},
+                "before_over_after_quartiles": {n: v[1] for n, v in ratios.items()},
+            })  # fmt: skip
+            print(
+                f"{device.type} {tuple(shape)!s:20s} before/after: "
+                + ", ".join(f"{n} {v[0]:.3f}" for n, v in ratios.items()),
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
 
 
 def goals(results: list[dict[str, Any]], noise: float = 0.03) -> list[dict[str, Any]]:
@@ -223,6 +454,12 @@ def goals(results: list[dict[str, Any]], noise: float = 0.03) -> list[dict[str, 
         )
         pairs = [
             (n, "hf eager", eager[n]) for n in ("posenc", "posenc_apply") if n in eager
+        ]
+        scaled = res.get("speedup_over_hf_same_scaling", {})
+        pairs += [  # the same scaling on both sides, eager
+            (n, n.replace("posenc", "hf") + " eager", scaled[n])
+            for n in ("posenc_llama3", "posenc_mrope")
+            if n in scaled
         ]
         pairs += [  # compiled vs compiled, paired by round
             (n, "hf compiled", compiled[n])
@@ -238,7 +475,12 @@ def goals(results: list[dict[str, Any]], noise: float = 0.03) -> list[dict[str, 
 
 
 def run(
-    device: str, *, seconds: float, block_s: float, compiled: bool
+    device: str,
+    *,
+    seconds: float,
+    block_s: float,
+    compiled: bool,
+    before: str | None = None,
 ) -> dict[str, Any]:
     dev = torch.device(device)
     start = time.perf_counter()
@@ -257,6 +499,11 @@ def run(
             file=sys.stderr,
             flush=True,
         )
+    before_after = (
+        time_before_after(before, dev, seconds=seconds, block_s=block_s)
+        if before
+        else None
+    )
     now = _dt.datetime.now(_dt.timezone.utc)
     return {
         "date": now.date().isoformat(),
@@ -275,6 +522,7 @@ def run(
         "load_average": {"before": load_before, "after": _load_average()},
         "results": results,
         "goals": goals(results),
+        **({"before_after": before_after} if before_after else {}),
         "wall_s": round(time.perf_counter() - start, 1),
     }
 
@@ -302,6 +550,17 @@ def main(argv: list[str] | None = None) -> int:
         help="results file, '-' for stdout; default: results/rotary-<dev>-<date>.json",
     )
     parser.add_argument(
+        "--before",
+        default=None,
+        metavar="REV",
+        help="also time posenc at this git revision beside the working tree, paired by round",
+    )
+    parser.add_argument(
+        "--load-note",
+        default=None,
+        help="a note on the machine's load during the run, stored in the results file",
+    )
+    parser.add_argument(
         "--no-allocator-env",
         action="store_true",
         help="do not re-run with ALLOCATOR_ENV set",
@@ -321,7 +580,10 @@ def main(argv: list[str] | None = None) -> int:
         seconds=args.seconds,
         block_s=args.block_ms / 1000,
         compiled=args.compiled,
+        before=args.before,
     )
+    if args.load_note:
+        report["load_note"] = args.load_note
     text = json.dumps(report, indent=1)
     if args.out == "-":
         print(text)

@@ -120,27 +120,31 @@ def frequencies(
     dtype: torch.dtype = torch.float64,
     schedule: str = "paper",
 ) -> Tensor:
-    r"""The angular frequencies $\omega_i$ of the encoding, one per pair.
+    """The angular frequencies ω_i of the encoding, one per sine/cosine pair.
 
-    With ``schedule="paper"`` (Vaswani et al., 2017),
-    $\omega_i = \text{base}^{-2i/d}$
-    for $i = 0, \dots, \lceil d/2 \rceil - 1$: wavelengths $2\pi/\omega_i$ in
-    geometric progression from $2\pi$ towards $2\pi\cdot\text{base}$. With
-    ``schedule="tensor2tensor"`` (tensor2tensor, fairseq, Whisper),
-    $\omega_i = \text{base}^{-i/(\lfloor d/2 \rfloor - 1)}$
-    for $i < \lfloor d/2 \rfloor$, so the last pair reaches exactly
-    $1/\text{base}$; for odd ``d_model`` a final frequency $0$ is appended
-    (its sine is the zero channel those libraries pad with).
+    With ``schedule="paper"`` (Vaswani et al., 2017), ω_i = base^(-2i/d) for
+    i = 0, ..., ceil(d/2) - 1: wavelengths 2π/ω_i in geometric progression
+    from 2π towards 2π·base. With ``schedule="tensor2tensor"``
+    (tensor2tensor, fairseq, Whisper), ω_i = base^(-i/max(m - 1, 1)) for
+    i < m = floor(d/2), so that from d = 4 on the last pair reaches exactly
+    1/base; for odd ``d_model`` a final frequency 0 is appended (its sine is
+    the zero channel those libraries pad with).
 
     Args:
-        d_model: embedding width $d$, a positive int.
+        d_model: embedding width d, a positive int.
         base: the base of the geometric progression, a number > 1.
         dtype: dtype of the result. The values are computed in float64 first.
         schedule: ``"paper"`` or ``"tensor2tensor"``.
 
     Returns:
-        Tensor of shape ``[ceil(d_model / 2)]``, decreasing from
-        $\omega_0 = 1$.
+        Tensor of shape ``[ceil(d_model / 2)]``, non-increasing, starting at
+        ω_0 = 1 (the tensor2tensor schedule at ``d_model=1`` has only the
+        appended 0).
+
+    Raises:
+        TypeError: ``d_model`` is not an int, or ``base`` not a real number.
+        ValueError: ``d_model`` < 1, ``base`` not a finite number > 1, or an
+            unknown ``schedule``.
     """
     d_model = _check_d_model(d_model)
     base = _check_base(base)
@@ -198,19 +202,24 @@ def sinusoidal_encoding(
     layout: str = "interleaved",
     frequencies: str = "paper",
 ) -> Tensor:
-    r"""The sinusoidal positional encoding of ``positions``.
+    """The sinusoidal positional encoding of ``positions``.
 
-    $PE[p, 2i] = \sin(p\,\omega_i)$ and $PE[p, 2i+1] = \cos(p\,\omega_i)$.
-    The angles $p\,\omega_i$ and their sines and cosines are computed in
-    float64 and rounded once to ``dtype``, so a float32 result is within
-    $2^{-24}$ (absolute) of the exact value for every position below
-    $2^{24}$, and float16/bfloat16 results are the float64 values rounded
-    once (the angles are never formed in half precision).
+    PE[p, 2i] = sin(p·ω_i) and PE[p, 2i+1] = cos(p·ω_i), with the frequencies
+    ω_i of :func:`posenc.frequencies`. The angles p·ω_i and their sines and
+    cosines are computed in float64 and rounded once to ``dtype``. A float32
+    result is within 2^-24 (absolute) of the exact value at every position
+    p < 2^24; beyond 2^24 the rounding of the float64 angle, of order
+    2^-53·p, adds to that, and the error exceeds 2^-24 from about p = 2^29 on.
+    float16 and bfloat16 results are the float64 values rounded once (the
+    angles are never formed in half precision).
 
     Args:
-        positions: an int ``n`` (the positions ``0, ..., n-1``) or an integer
-            tensor of any shape holding non-negative positions.
-        d_model: embedding width $d$, a positive int. For odd ``d_model`` the
+        positions: an int ``n`` (the positions 0, ..., n-1) or an integer
+            tensor of any shape holding non-negative positions (token
+            indices). Floating tensors are refused rather than rounded; for
+            continuous positions, such as diffusion timesteps, use
+            :func:`posenc.timestep_embedding`.
+        d_model: embedding width d, a positive int. For odd ``d_model`` the
             last channel is a sine with no cosine partner.
         base: the base of the frequency progression, a number > 1.
         dtype: floating dtype of the result.
@@ -224,14 +233,23 @@ def sinusoidal_encoding(
 
     Returns:
         Tensor of shape ``[n, d_model]`` for an int,
-        ``[*positions.shape, d_model]`` for a tensor.
+        ``[*positions.shape, d_model]`` for a tensor, of ``dtype``.
+
+    Raises:
+        TypeError: ``positions`` is neither an int nor an integer tensor, or
+            another argument has the wrong type.
+        ValueError: a negative position, or another argument out of range.
     """
     d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(positions, Tensor):
         _check_integer_tensor(
             "positions",
             positions,
-            "pass e.g. positions.long() (token indices 0, 1, 2, ...)",
+            "integer positions are required here (token indices 0, 1, 2, ..., "
+            "e.g. torch.arange(n)); for fractional or continuous positions t of "
+            "shape [N], such as diffusion time steps, use "
+            f"posenc.timestep_embedding(t, {d_model}) (diffusers' convention: "
+            "all sines, then all cosines)",
         )
         # a value check: skipped under torch.compile and on the meta device,
         # where values are unknown

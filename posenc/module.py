@@ -22,8 +22,9 @@ from posenc.encoding import (
     sinusoidal_encoding,
 )
 
-#: state_dict keys under which the classic modules save their table
-#: (labml, spotpython / PyTorch tutorial).
+#: state_dict keys under which classic code saves its table: labml's
+#: EmbeddingsWithPositionalEncoding (its PositionalEncoding saves none) and the
+#: PyTorch tutorial's / spotpython's PositionalEncoding.
 CLASSIC_TABLE_KEYS = ("positional_encodings", "pe")
 
 
@@ -41,41 +42,63 @@ def _check_max_len(max_len: object) -> int:
     return int(max_len)
 
 
-def _check_dropout(p: object) -> float:
+def _check_dropout(dropout_prob: object, dropout: object) -> float:
+    """The dropout probability, given as ``dropout_prob`` (labml's and spotpython's
+    name) or ``dropout`` (the PyTorch tutorial's), not both; 0.0 if neither."""
+    if dropout_prob is not None and dropout is not None:
+        raise TypeError(
+            "give the dropout probability once, as dropout_prob (labml's and "
+            "spotpython's name) or dropout (the PyTorch tutorial's), not both; got "
+            f"dropout_prob={dropout_prob!r} and dropout={dropout!r}"
+        )
+    name, p = "dropout_prob", dropout_prob
+    if dropout is not None:
+        name, p = "dropout", dropout
+    if p is None:
+        return 0.0
     if isinstance(p, bool) or not isinstance(p, numbers.Real):
         raise TypeError(
-            f"dropout_prob must be a float in [0, 1], got {p!r} of type "
-            f"{type(p).__name__}; pass e.g. dropout_prob=0.1"
+            f"{name} must be a float in [0, 1], got {p!r} of type "
+            f"{type(p).__name__}; pass e.g. {name}=0.1"
         )
     if not 0.0 <= p <= 1.0:
         raise ValueError(
-            f"dropout_prob must be in [0, 1], got {p}; "
-            "pass e.g. dropout_prob=0.1 (0 disables dropout)"
+            f"{name} must be in [0, 1], got {p}; "
+            f"pass e.g. {name}=0.1 (0 disables dropout)"
         )
     return float(p)
 
 
 class PositionalEncoding(nn.Module):
-    r"""Add the sinusoidal positional encoding to a batch of embeddings, then dropout.
+    """Add the sinusoidal positional encoding to a batch of embeddings, then dropout.
 
-    A drop-in for labml's ``PositionalEncoding(d_model, dropout_prob, max_len)`` and
-    spotpython's (the PyTorch tutorial's) module of the same signature: same
-    arguments, same outputs, and ``load_state_dict(..., strict=True)`` accepts their
-    checkpoints (their saved table is ignored). Unlike them, the encoding is the
-    float64 value rounded once to ``x``'s dtype at every position (within 2**-24 in
-    float32), sequences longer than ``max_len`` work (``max_len`` only sizes a cache),
-    ``offset`` and explicit ``positions`` are supported, and nothing is registered as
-    a buffer: ``state_dict()`` holds no table and ``DistributedDataParallel`` has
-    nothing to broadcast.
+    With the default ``layout`` and ``frequencies``, PE[p, 2i] = sin(p·ω_i) and
+    PE[p, 2i+1] = cos(p·ω_i) with ω_i = base^(-2i/d_model), where p is a token's
+    index along the sequence axis (plus ``offset``) or its entry in ``positions``.
+
+    A drop-in for labml's ``PositionalEncoding(d_model, dropout_prob, max_len)``,
+    spotpython's module of the same signature and the PyTorch tutorial's
+    ``PositionalEncoding(d_model, dropout, max_len)``: the same arguments, the same
+    outputs, and ``load_state_dict(..., strict=True)`` accepts their checkpoints
+    (a saved table is ignored). Unlike them, the encoding is the float64 value
+    rounded once to ``x``'s dtype (in float32 within 2^-24 of the exact value at
+    every position below 2^24), sequences longer than ``max_len`` work
+    (``max_len`` only sizes a cache), ``offset`` and explicit ``positions`` are
+    supported, and nothing is registered as a buffer: ``state_dict()`` holds no
+    table and ``DistributedDataParallel`` has nothing to broadcast.
 
     Args:
-        d_model: embedding width $d$, a positive int.
-        dropout_prob: dropout probability applied after the addition, in ``[0, 1]``.
+        d_model: embedding width d, a positive int.
+        dropout_prob: dropout probability applied after the addition, in [0, 1].
+            Default: no dropout.
         max_len: number of positions whose encoding is cached per device and dtype,
             a positive int.
+        dropout: the same probability under the PyTorch tutorial's name; give
+            ``dropout_prob`` or ``dropout``, not both. The tutorial's default is
+            0.1, posenc's is 0: pass it explicitly when swapping modules.
         base: the base of the frequency progression, a number > 1.
         batch_first: if ``True``, ``x`` is ``[batch, seq_len, d_model]``; by default
-            it is ``[seq_len, batch, d_model]`` (as in both classic modules and
+            it is ``[seq_len, batch, d_model]`` (as in the classic modules and
             ``nn.Transformer``).
         layout: channel layout, ``"interleaved"`` or ``"concat"`` (see
             :func:`posenc.sinusoidal_encoding`).
@@ -90,9 +113,10 @@ class PositionalEncoding(nn.Module):
     def __init__(
         self,
         d_model: int,
-        dropout_prob: float = 0.0,
+        dropout_prob: float | None = None,
         max_len: int = 5000,
         *,
+        dropout: float | None = None,
         base: float = 10000.0,
         batch_first: bool = False,
         layout: str = "interleaved",
@@ -107,7 +131,7 @@ class PositionalEncoding(nn.Module):
         self.batch_first = batch_first
         self.layout = _check_choice("layout", layout, LAYOUTS)
         self.frequencies = _check_choice("frequencies", frequencies, SCHEDULES)
-        self.dropout = nn.Dropout(_check_dropout(dropout_prob))
+        self.dropout = nn.Dropout(_check_dropout(dropout_prob, dropout))
         # (device, dtype) -> table [max_len, 1, d_model] (sequence-first) or
         # [max_len, d_model] (batch-first). A plain dict, not a buffer: never in
         # state_dict, never broadcast by DDP, built once per key.

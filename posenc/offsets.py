@@ -50,36 +50,34 @@ def offset_matrix(
     layout: str = "interleaved",
     frequencies: str = "paper",
 ) -> Tensor:
-    r"""The matrix $M_k$ that moves the encoding by an offset $k$:
-    $PE[p + k] = M_k\,PE[p]$ for every $p$.
+    """The matrix M_k that moves the encoding by an offset k: PE[p + k] = M_k·PE[p]
+    for every p, with encodings as column vectors.
 
-    $M_k$ is block-diagonal with one $2 \times 2$ rotation per sine/cosine pair: with
-    $\theta = k\omega_i$, the block
-    $\begin{pmatrix}\cos\theta & \sin\theta \\ -\sin\theta & \cos\theta\end{pmatrix}$
-    acts on $(\sin p\omega_i, \cos p\omega_i)$, placed at the channels of the
-    chosen ``layout``. It is orthogonal, $M_{-k} = M_k^\top = M_k^{-1}$ and
-    $M_a M_b = M_{a+b}$. With the same ``d_model``, ``base``, ``layout`` and
-    ``frequencies``, ``sinusoidal_encoding(p + k, d_model) ==
+    M_k is block-diagonal with one 2×2 rotation per sine/cosine pair: with
+    θ = k·ω_i, the block [[cos θ, sin θ], [-sin θ, cos θ]] acts on
+    (sin p·ω_i, cos p·ω_i), placed at the channels of the chosen ``layout``. It is
+    orthogonal, M_(-k) = M_k^T = M_k^(-1) and M_a·M_b = M_(a+b). With the same
+    ``d_model``, ``base``, ``layout`` and ``frequencies``,
+    ``sinusoidal_encoding(p + k, d_model) ==
     offset_matrix(k, d_model) @ sinusoidal_encoding(p, d_model)``
-    (column vectors; for a table of rows use ``table @ M.T``), to float64 angle
-    rounding: about ``2**-53 * (p + |k| + |p + k|)``.
+    (for a table of rows use ``table @ M.T``), to float64 angle rounding: about
+    ``2^-53·(p + |k| + |p + k|)``.
 
     For odd ``d_model`` the unpaired channel, which has no partner to rotate with,
-    gets a 1 on the diagonal, so $M_k$ stays orthogonal and a group. With
-    ``frequencies="paper"`` that channel is $\sin(p\,\omega_{\lfloor d/2 \rfloor})$
-    and the identity is exact on the paired channels only; on the unpaired one the
-    error is
-    $|\sin((p+k)\omega) - \sin(p\omega)| \le |k|\,\omega$. With
-    ``frequencies="tensor2tensor"`` the unpaired channel is identically zero and the
-    identity is exact everywhere.
+    gets a 1 on the diagonal, so M_k stays orthogonal and a group. With
+    ``frequencies="paper"`` that channel is sin(p·ω_u), ω_u = base^(-(d-1)/d), and
+    the identity holds on the paired channels only; on the unpaired one the error
+    is ``|sin((p+k)·ω_u) - sin(p·ω_u)| ≤ |k|·ω_u``. With
+    ``frequencies="tensor2tensor"`` the unpaired channel is identically zero and
+    the identity holds on every channel.
 
     Args:
-        offset: the offset $k$ (any sign), an int or an integer tensor of any shape
+        offset: the offset k (any sign), an int or an integer tensor of any shape
             ``[*]``.
-        d_model: embedding width $d$, a positive int.
+        d_model: embedding width d, a positive int.
         base: the base of the frequency progression, a number > 1.
-        dtype: floating dtype of the result. The angles $k\,\omega_i$ and their sines
-            and cosines are computed in float64 and rounded once.
+        dtype: floating dtype of the result. The angles k·ω_i and their sines and
+            cosines are computed in float64 and rounded once.
         device: device of the result; default: the device of ``offset`` (CPU for an
             int).
         layout: ``"interleaved"`` or ``"concat"``, as in

@@ -4,11 +4,20 @@
 
 from __future__ import annotations
 
-__all__ = ["ROTARY_LAYOUTS", "RotaryEmbedding", "apply_rotary", "rotary_cos_sin"]
+__all__ = [
+    "ROPE_TYPES",
+    "ROTARY_LAYOUTS",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "rotary_cos_sin",
+    "rotary_frequencies",
+]
 
+import ast
 import math
 import numbers
 import operator
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +34,8 @@ from posenc.encoding import (
 
 #: Channel layouts of the rotated pairs: (2i, 2i+1), or (i, i + rotary_dim / 2).
 ROTARY_LAYOUTS = ("interleaved", "half")
+#: The rope_type values (of a Hugging Face rope_parameters dict) that posenc reads.
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
 
 def _check_even(name: str, value: object, what: str, example: str) -> int:
@@ -54,21 +65,6 @@ def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
     return rotary_dim
 
 
-def _check_scale(scale: object) -> float:
-    """Return ``scale`` (position interpolation factor) as a float > 0."""
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(
-            f"scale must be a real number > 0 (positions are divided by it), got "
-            f"{scale!r} of type {type(scale).__name__}; pass e.g. scale=1.0"
-        )
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(
-            f"scale must be a finite number > 0 (positions are divided by it), "
-            f"got {scale}; pass e.g. scale=1.0 (no interpolation) or scale=4.0"
-        )
-    return float(scale)
-
-
 def _check_dtype(dtype: object) -> torch.dtype:
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(
@@ -78,13 +74,27 @@ def _check_dtype(dtype: object) -> torch.dtype:
     return dtype
 
 
+def _check_seq_dim(seq_dim: object) -> int:
+    # (a symbolic int while torch.compile traces with dynamic=True)
+    if isinstance(seq_dim, (int, torch.SymInt)) and not isinstance(seq_dim, bool):
+        if seq_dim == -2:
+            return -2
+        if seq_dim == -3:
+            return -3
+    raise ValueError(
+        f"seq_dim must be -2 ([batch, heads, seq_len, head_dim]) or -3 ([batch, "
+        f"seq_len, heads, head_dim]: flash-attention, Flux, Meta's Llama), got "
+        f"{seq_dim!r}"
+    )
+
+
 def _check_positions(positions: Tensor) -> None:
     """Integer dtype always; values >= 0 where they can be read (not while tracing)."""
     _check_integer_tensor(
         "positions", positions, "pass e.g. positions.long() (token indices 0, 1, ...)"
     )
     checkable = not torch.compiler.is_compiling() and positions.device.type != "meta"
-    if checkable and positions.numel() and bool((positions < 0).any()):
+    if checkable and positions.numel() and int(positions.min()) < 0:
         raise ValueError(
             f"positions must be >= 0, got a minimum of {int(positions.min())}; "
             "shift them, e.g. positions - positions.min()"
@@ -92,13 +102,15 @@ def _check_positions(positions: Tensor) -> None:
 
 
 def _check_offset(offset: object, name: str = "offset") -> int:
-    if offset.__class__ is int and offset >= 0:  # the common case, cheap
-        return offset  # type: ignore[return-value]
-    if torch.compiler.is_compiling() and not isinstance(offset, bool):
-        return offset  # type: ignore[return-value]  # a symbolic int while tracing
+    """``offset`` as an int >= 0. Also while torch.compile traces: a negative int
+    (or symbolic int) raises there too, instead of indexing the table from its end."""
     fix = "the position of the first token, e.g. 128 when decoding"
     if name == "positions":
         fix += "; or an integer tensor [seq_len] or [batch, seq_len]"
+    if offset.__class__ is torch.SymInt:  # while tracing with dynamic shapes
+        if offset < 0:
+            raise ValueError(f"{name} must be an int >= 0 ({fix})")
+        return offset  # type: ignore[return-value]
     if isinstance(offset, bool):
         raise TypeError(f"{name} must be an int >= 0 ({fix}), got {offset!r}")
     try:
@@ -113,7 +125,7 @@ def _check_offset(offset: object, name: str = "offset") -> int:
     return offset
 
 
-def _check_x(name: str, x: object) -> Tensor:
+def _check_x(name: str, x: object, seq_dim: int = -2) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -121,186 +133,177 @@ def _check_x(name: str, x: object) -> Tensor:
             f"{name} must be a floating tensor (queries or keys), got dtype {x.dtype}; "
             f"convert with {name}.float()"
         )
-    if x.dim() < 2:
-        raise ValueError(
-            f"{name} must be [..., seq_len, head_dim] (e.g. [batch, heads, seq_len, "
-            f"head_dim]), got shape {tuple(x.shape)}"
-        )
+    if x.dim() < -seq_dim:
+        want = "[..., seq_len, head_dim] (e.g. [batch, heads, seq_len, head_dim])"
+        if seq_dim == -3:
+            want = "[..., seq_len, heads, head_dim] with seq_dim=-3"
+        raise ValueError(f"{name} must be {want}, got shape {tuple(x.shape)}")
     return x
 
 
 def _tables(
     positions: Tensor,
-    rotary_dim: int,
-    base: float,
-    scale: float,
+    frequencies: Tensor,
+    sections: Sequence[int],
     layout: str,
     dtype: torch.dtype,
-    signed: bool,
+    attention: float,
 ) -> tuple[Tensor, Tensor]:
-    """cos and sin of the angles (positions / scale) * omega_i, in float64, rounded
-    once to ``dtype`` and laid out for ``layout``: each ``[*positions.shape,
-    rotary_dim]``. With ``signed``, the sine of each pair's first channel is negated
-    (the form ``apply_rotary`` uses: ``x * cos + swap_pairs(x) * sin``)."""
+    """cos and sin of θ_{p,i} = p·ω_i in float64, times ``attention``, rounded once
+    to ``dtype`` and laid out for ``layout``: each ``[*positions.shape, r]``. With
+    ``sections`` (pairs per position axis), positions are ``[axes, *shape]``, the
+    frequencies ``[axes, r / 2]`` (``_per_axis``), and the tables ``[*shape, r]``."""
+    omega = frequencies  # float64: [r / 2], or [axes, r / 2]
+    if omega.device != positions.device:
+        omega = omega.to(positions.device)
     p = positions.to(torch.float64)
-    if scale != 1.0:
-        p = p / scale  # linear position interpolation
-    omega = _omega(rotary_dim, base, "paper").to(p.device)  # [rotary_dim / 2]
-    # theta[..., i] = (p / scale) * omega_i, in float64
-    theta = p.unsqueeze(-1) * omega
+    if sections:
+        # pair i of section a turns by the position on axis a: with Omega[a, i] =
+        # omega_i there and 0 elsewhere, theta_i = sum_a p_a Omega[a, i], exactly
+        shape = (omega.shape[0],) + (1,) * (p.dim() - 1) + (omega.shape[1],)
+        theta = (p.unsqueeze(-1) * omega.view(shape)).sum(0)
+    else:
+        theta = p.unsqueeze(-1) * omega  # theta[..., i] = p * omega_i
     cos, sin = torch.cos(theta), torch.sin(theta)
-    minus = -sin if signed else sin
+    if attention != 1.0:  # YaRN, LongRoPE: cos and sin scaled, as transformers does
+        cos, sin = cos * attention, sin * attention
     if layout == "interleaved":
         # channels (2i, 2i+1) hold pair i: [c0, c0, c1, c1, ...]
         cos = torch.stack((cos, cos), dim=-1).flatten(-2)
-        sin = torch.stack((minus, sin), dim=-1).flatten(-2)
+        sin = torch.stack((sin, sin), dim=-1).flatten(-2)
     else:
-        # channels (i, i + rotary_dim/2) hold pair i: [c0, c1, ..., c0, c1, ...]
-        cos = torch.cat((cos, cos), dim=-1)
-        sin = torch.cat((minus, sin), dim=-1)
+        # channels (i, i + r/2) hold pair i: [c0, c1, ..., c0, c1, ...]
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
     return _round_once(cos, dtype), _round_once(sin, dtype)
 
 
 # Under torch.compile and torch.export the tables are computed by the same eager
 # kernels, called as one opaque operator: the compiled or exported program then
-# agrees bitwise with eager mode (inductor's own sin/cos could differ in the last
-# bit of float64, which can flip a rounding to float32).
+# agrees bitwise with eager mode on the CPU (inductor's own sin/cos could differ in
+# the last bit of float64, which can flip a rounding to float32).
 _OP_SCHEMA = (
-    "(Tensor positions, int rotary_dim, float base, float scale, str layout, "
-    "ScalarType dtype, bool signed) -> (Tensor, Tensor)"
+    "(Tensor positions, SymInt[] widths, str description, int[] sections, "
+    "str layout, ScalarType dtype, float attention) -> (Tensor, Tensor)"
 )
-if hasattr(torch.library, "custom_op"):  # torch >= 2.4
 
-    @torch.library.custom_op(
-        "posenc::rotary_tables", mutates_args=(), schema=_OP_SCHEMA
+
+def _tables_described(
+    positions: Tensor,
+    widths: Sequence[int],
+    description: str,
+    sections: Sequence[int],
+    layout: str,
+    dtype: torch.dtype,
+    attention: float,
+) -> tuple[Tensor, Tensor]:
+    """``_tables`` for frequencies given by their description (``_Rope``)."""
+    omega = _frequencies_of(widths, description, None, sections)
+    return _tables(positions, omega, sections, layout, dtype, attention)
+
+
+if hasattr(torch.library, "custom_op"):  # torch >= 2.4
+    _tables_op = torch.library.custom_op(
+        "posenc::rotary_tables", _tables_described, mutates_args=(), schema=_OP_SCHEMA
     )
-    def _tables_op(
-        positions: Tensor,
-        rotary_dim: int,
-        base: float,
-        scale: float,
-        layout: str,
-        dtype: torch.dtype,
-        signed: bool,
-    ) -> tuple[Tensor, Tensor]:
-        return _tables(positions, rotary_dim, base, scale, layout, dtype, signed)
 
     @_tables_op.register_fake
     def _(
         positions: Tensor,
-        rotary_dim: int,
-        base: float,
-        scale: float,
+        widths: Sequence[int],
+        description: str,
+        sections: Sequence[int],
         layout: str,
         dtype: torch.dtype,
-        signed: bool,
+        attention: float,
     ) -> tuple[Tensor, Tensor]:
-        shape = (*positions.shape, rotary_dim)
+        lead = positions.shape[1:] if sections else positions.shape
+        shape = (*lead, sum(widths))
         return positions.new_empty(shape, dtype=dtype), positions.new_empty(
             shape, dtype=dtype
         )
 
 else:  # older torch: traced like any other code (agrees to rounding, not bitwise)
-    _tables_op = _tables
+    _tables_op = _tables_described
 
 
-def _tables_any(
-    positions: Tensor,
-    rotary_dim: int,
-    base: float,
-    scale: float,
-    layout: str,
-    dtype: torch.dtype,
-    signed: bool,
+def _compute_tables(
+    rope: _Rope, positions: Tensor, dtype: torch.dtype, seq_len: int | None
 ) -> tuple[Tensor, Tensor]:
-    """``_tables``, as one operator while tracing (compile, export)."""
-    compiling = torch.compiler.is_compiling()
-    table_fn = _tables_op if compiling else _tables
-    return table_fn(positions, rotary_dim, base, scale, layout, dtype, signed)
+    """``rope``'s tables at ``positions`` for a sequence of ``seq_len`` tokens; one
+    operator while tracing (compile, export)."""
+    if not torch.compiler.is_compiling():
+        omega = rope.frequencies_at(seq_len)
+        return _tables(
+            positions, omega, rope.sections, rope.layout, dtype, rope.attention
+        )
+    _check_traceable(rope)
+    widths, sections = list(rope.widths), list(rope.sections)
+    return _tables_op(
+        positions, widths, rope.description, sections, rope.layout, dtype,
+        rope.attention,
+    )  # fmt: skip
 
 
-def rotary_cos_sin(
-    positions: int | Tensor,
-    head_dim: int,
-    *,
-    base: float = 10000.0,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-    layout: str = "interleaved",
-    rotary_dim: int | None = None,
-    scale: float = 1.0,
-) -> tuple[Tensor, Tensor]:
-    r"""The cosine and sine tables of rotary position embeddings.
+def _check_traceable(rope: _Rope) -> None:
+    """Raise while torch.compile or torch.export traces a type whose frequencies
+    follow the sequence at run time (dynamic, longrope): checked before the length
+    is read, a data-dependent value."""
+    if torch.compiler.is_compiling() and not rope.static:
+        raise ValueError(
+            f"rope_type {rope.params['rope_type']!r} changes its frequencies with the "
+            "sequence length at run time, which torch.compile and torch.export cannot "
+            "follow; run it eagerly, or compile a model with a fixed rope_type"
+        )
 
-    The angle of pair $i$ at position $p$ is $\theta_{p,i} = (p / \text{scale})
-    \,\omega_i$ with $\omega_i = \text{base}^{-2i/r}$, $r$ = ``rotary_dim``. The
-    angles and their cosines and sines are computed in float64 and rounded once to
-    ``dtype``: float32 tables are within $2^{-24}$ (absolute) of the exact values at
-    every position below $2^{24}$ (one rounding, $2^{-25}$, plus the float64 angle
-    error), float16/bfloat16 tables are the float64 values rounded once.
 
-    Args:
-        positions: an int ``n`` (positions ``0, ..., n-1``) or an integer tensor of
-            any shape ``[*]`` holding non-negative positions.
-        head_dim: channels per attention head, a positive even int.
-        base: the base of the frequency progression, a number > 1.
-        dtype: floating dtype of the tables.
-        device: device of the tables; default: that of ``positions`` (CPU for an int).
-        layout: ``"interleaved"`` (pair $i$ on channels $2i, 2i+1$: RoFormer, GPT-J,
-            Meta's Llama code) or ``"half"`` (pair $i$ on channels $i, i + r/2$:
-            GPT-NeoX, Hugging Face ``rotate_half``).
-        rotary_dim: number of rotated channels (the first ones), even and
-            <= ``head_dim``; default ``head_dim``.
-        scale: position interpolation factor (positions are divided by it), > 0.
-
-    Returns:
-        ``(cos, sin)``, each of shape ``[n, rotary_dim]`` for an int,
-        ``[*positions.shape, rotary_dim]`` for a tensor; ``cos[..., c]`` and
-        ``sin[..., c]`` are $\cos\theta_{p,i}$ and $\sin\theta_{p,i}$ of the pair $i$
-        that channel $c$ belongs to.
-    """
-    head_dim = _check_even("head_dim", head_dim, "channels per head", "128")
-    rotary_dim = _check_rotary_dim(rotary_dim, head_dim)
-    base, scale = _check_base(base), _check_scale(scale)
-    _check_choice("layout", layout, ROTARY_LAYOUTS)
-    dtype = _check_dtype(dtype)
-    if isinstance(positions, Tensor):
-        _check_positions(positions)
-        if device is not None:
-            positions = positions.to(device)
-    else:
-        fix = "pass e.g. positions=128 or positions=torch.arange(128)"
-        n = _check_int("positions", positions, fix)
-        if n < 0:
-            raise ValueError(f"positions must be >= 0 when given as a count n, got {n}")
-        positions = torch.arange(n, device=device)
-    return _tables_any(positions, rotary_dim, base, scale, layout, dtype, False)
+def _seq_len(positions: Tensor) -> int:
+    """The largest position + 1 (a host sync, as in transformers' dynamic update)."""
+    return int(positions.max()) + 1 if positions.numel() else 0
 
 
 def _swap_pairs(x: Tensor, layout: str) -> Tensor:
-    """The two channels of every pair exchanged: ``[..., r] -> [..., r]``."""
-    if layout == "interleaved":  # [..., (r/2, 2)]: flip each pair
-        return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    """The two channels of every pair exchanged, (a, b) -> (b, a): ``[..., r]``."""
+    if layout == "interleaved":  # [..., (r/2, 2)]
+        a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((b, a), dim=-1).flatten(-2)
     return torch.roll(x, x.shape[-1] // 2, -1)  # [..., (2, r/2)]: the halves, one op
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
-    """Rotate pair by pair the first ``r = cos.shape[-1]`` channels of ``x``
-    ``[..., seq_len, head_dim]``; ``cos``, ``sin`` (signed) broadcast against
-    ``x[..., :r]``. float16/bfloat16 are computed in float32 and rounded once."""
-    r = cos.shape[-1]
-    low = x.dtype in (torch.float16, torch.bfloat16)
+def _sign(r: int, layout: str, dtype: torch.dtype, device: Any) -> Tensor:
+    """-1 on the first channel of each pair, +1 on the second: ``[r]``."""
+    sign = torch.ones(r, dtype=dtype, device=device)
+    (sign[0::2] if layout == "interleaved" else sign[: r // 2]).neg_()
+    return sign
+
+
+def _turn_pairs(x: Tensor, layout: str) -> Tensor:
+    """Every pair (a, b) turned to (-b, a): ``[..., r] -> [..., r]`` (transformers'
+    and rotary-embedding-torch's ``rotate_half``)."""
+    if layout == "interleaved":
+        a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((b.neg(), a), dim=-1).flatten(-2)
+    first, second = x.chunk(2, -1)
+    return torch.cat((second.neg(), first), dim=-1)
+
+
+def _rotate(
+    x: Tensor, cos: Tensor, sin: Tensor, sign: Tensor | None, layout: str
+) -> Tensor:
+    """Rotate pair by pair the first ``r = cos.shape[-1]`` channels of ``x``;
+    ``cos``, ``sin`` broadcast against ``x[..., :r]``, ``sign`` is ``_sign(r)`` or
+    None. float16/bfloat16 are computed in float32 and rounded once."""
+    r, width = cos.shape[-1], x.shape[-1]
+    low = x.dtype == torch.float16 or x.dtype == torch.bfloat16
     xc = x.float() if low else x
-    xr = xc[..., :r] if r < x.shape[-1] else xc
-    # pair (a, b) -> (a cos - b sin, b cos + a sin): sin carries the minus sign
-    out = xr * cos + _swap_pairs(xr, layout) * sin
-    if r < x.shape[-1]:
+    xr = xc[..., :r] if r < width else xc
+    # pair (a, b) -> (a cos - b sin, b cos + a sin) = (a, b) cos + (-b, a) sin
+    if sign is None:  # the minus sign on x: one negation of half of it
+        out = xr * cos + _turn_pairs(xr, layout) * sin
+    else:  # (-b, a) sin = (b, a) (-sin, sin): the sign on the table rows instead
+        out = xr * cos + _swap_pairs(xr, layout) * (sin * sign)
+    if r < width:
         out = torch.cat((out, xc[..., r:]), dim=-1)  # channels r.. pass through
     return out.to(x.dtype) if low else out
-
-
-#: dtypes rotated in their own precision (float16 and bfloat16 are rotated in float32)
-_OWN_PRECISION = (torch.float32, torch.float64)
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -309,102 +312,217 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float32 if low else x.dtype
 
 
-def _broadcast_to_x(table: Tensor, x: Tensor) -> Tensor:
+def _has_batch(x: Tensor, seq_dim: int) -> bool:
+    """Whether ``x`` has a batch axis in front of its sequence (and heads) axes."""
+    return x.dim() > (2 if seq_dim == -2 else 3)
+
+
+def _fit(table: Tensor, x: Tensor, seq_dim: int) -> Tensor:
     """``[seq_len, r]`` or ``[batch, seq_len, r]`` -> broadcastable against ``x``
-    ``[batch, ..., seq_len, head_dim]`` (one table per sequence, shared by heads)."""
-    if table.dim() == 3:
-        for _ in range(x.dim() - 3):
+    with its sequence axis at ``seq_dim`` (one table per sequence, shared by heads)."""
+    per_sequence = table.dim() == 3
+    if seq_dim == -3:
+        table = table.unsqueeze(-2)  # [..., seq_len, 1 (heads), r]
+    if per_sequence:
+        for _ in range(x.dim() - table.dim()):
             table = table.unsqueeze(1)
     return table
 
 
-def _check_positions_shape(positions: Tensor, x: Tensor, name: str = "x") -> None:
-    seq_len = x.shape[-2]
-    # dims compared one by one: whole shapes would tie symbolic sizes under export
-    shared = positions.dim() == 1 and positions.shape[0] == seq_len
-    per_sequence = (
-        positions.dim() == 2
-        and x.dim() >= 3
-        and positions.shape[0] == x.shape[0]
-        and positions.shape[1] == seq_len
+def _layout_name(seq_dim: int) -> str:
+    return (
+        "[..., seq_len, head_dim]"
+        if seq_dim == -2
+        else "[..., seq_len, heads, head_dim]"
     )
-    if not (shared or per_sequence):
-        batch = (
-            f" or [batch, seq_len]=({x.shape[0]}, {seq_len})" if x.dim() >= 3 else ""
+
+
+def _check_positions_shape(
+    positions: Tensor, x: Tensor, seq_dim: int, axes: int, name: str = "x"
+) -> None:
+    """positions ``[seq_len]`` or ``[batch, seq_len]``; ``[axes, ...]`` for
+    multi-axis RoPE. Dims compared one by one (whole shapes would tie symbolic
+    sizes under export)."""
+    seq_len = x.shape[seq_dim]
+    lead = (axes,) if axes else ()
+    shape = positions.shape
+    k = len(lead)
+    ok = shape[:k] == lead and (
+        (positions.dim() == k + 1 and shape[k] == seq_len)
+        or (
+            positions.dim() == k + 2
+            and _has_batch(x, seq_dim)
+            and shape[k] == x.shape[0]
+            and shape[k + 1] == seq_len
         )
+    )
+    if not ok:
+        axis = f"{axes}, " if axes else ""
+        batch = f" or [{axis}batch, seq_len]=({axis}{x.shape[0]}, {seq_len})"
+        batch = batch if _has_batch(x, seq_dim) else ""
+        what = "[axes, seq_len]" if axes else "[seq_len]"
         raise ValueError(
-            f"positions must have shape [seq_len]=({seq_len},){batch} ({name} is "
-            f"[..., seq_len, head_dim], shape {tuple(x.shape)}), got "
-            f"{tuple(positions.shape)}"
+            f"positions must have shape {what}=({axis}{seq_len},){batch} ({name} is "
+            f"{_layout_name(seq_dim)}, shape {tuple(x.shape)}, seq_dim={seq_dim}), "
+            f"got {tuple(shape)}"
         )
-
-
-def _sign(rotary_dim: int, layout: str, dtype: torch.dtype, device: Any) -> Tensor:
-    """-1 on the first channel of each pair, +1 on the second: ``[rotary_dim]``
-    (a few values, kept per argument tuple outside of tracing)."""
-    key = (rotary_dim, layout, dtype, device)
-    sign = None if torch.compiler.is_compiling() else _SIGNS.get(key)
-    if sign is not None:
-        return sign
-    sign = torch.ones(rotary_dim, dtype=dtype, device=device)
-    if layout == "interleaved":
-        sign[0::2] = -1.0
-    else:
-        sign[: rotary_dim // 2] = -1.0
-    if not torch.compiler.is_compiling() and len(_SIGNS) < 64:
-        _SIGNS[key] = sign
-    return sign
-
-
-_SIGNS: dict[tuple[int, str, torch.dtype, Any], Tensor] = {}
 
 
 def _given_tables(
-    x: Tensor, positions: object, cos: object, sin: object, rotary_dim: object
+    x: Tensor,
+    cos: object,
+    sin: object,
+    rotary_dim: object,
+    seq_dim: int,
+    dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
-    """Check tables passed to ``apply_rotary``; return them in x's compute dtype."""
-    if positions is not None:
-        raise ValueError(
-            "pass either positions or cos and sin, not both: the tables already "
-            "hold the angles of every position"
-        )
+    """Tables passed to ``apply_rotary``, checked against ``x`` (never broadcast
+    into another shape), in x's compute dtype and device."""
+    if (  # the common call, checked cheaply: [seq_len, r] in x's dtype and device
+        cos.__class__ is Tensor
+        and sin.__class__ is Tensor
+        and cos.dim() == 2
+        and cos.shape == sin.shape
+        and cos.shape[0] == x.shape[seq_dim]
+        and cos.shape[1] <= x.shape[-1]
+        and cos.shape[1] % 2 == 0
+        and cos.shape[1] > 0
+        and cos.dtype == sin.dtype == dtype
+        and cos.device == sin.device == x.device
+        and rotary_dim in (None, cos.shape[1])
+    ):
+        return cos, sin
     if not (isinstance(cos, Tensor) and isinstance(sin, Tensor)):
         raise TypeError(
             f"cos and sin must both be tensors (from rotary_cos_sin), got "
             f"{type(cos).__name__} and {type(sin).__name__}"
         )
-    r = cos.shape[-1]
     if cos.shape != sin.shape or not (
         cos.is_floating_point() and sin.is_floating_point()
     ):
         raise ValueError(
-            f"cos and sin must be floating tensors of one shape, got {tuple(cos.shape)} "
-            f"{cos.dtype} and {tuple(sin.shape)} {sin.dtype}"
+            f"cos and sin must be floating tensors of one shape, got "
+            f"{tuple(cos.shape)} {cos.dtype} and {tuple(sin.shape)} {sin.dtype}"
         )
-    if (
-        cos.dim() not in (2, 3)
-        or cos.shape[-2] != x.shape[-2]
-        or r % 2
-        or r > x.shape[-1]
-    ):
+    seq_len, r = x.shape[seq_dim], cos.shape[-1] if cos.dim() else 0
+    batch = _has_batch(x, seq_dim)
+    shared = cos.dim() == 2 and cos.shape[0] == seq_len
+    per_sequence = (
+        cos.dim() == 3
+        and batch
+        and cos.shape[0] == x.shape[0]
+        and cos.shape[1] == seq_len
+    )
+    if not (shared or per_sequence) or r % 2 or r > x.shape[-1] or r == 0:
+        forms = "[seq_len, rotary_dim]"
+        sizes = f"seq_len={seq_len}"
+        if batch:
+            forms += " or [batch, seq_len, rotary_dim]"
+            sizes = f"batch={x.shape[0]}, " + sizes
         raise ValueError(
-            f"cos and sin must be [seq_len, rotary_dim] or [batch, seq_len, "
-            f"rotary_dim] with seq_len={x.shape[-2]} and an even rotary_dim <= "
-            f"head_dim={x.shape[-1]} (x has shape {tuple(x.shape)}), got "
-            f"{tuple(cos.shape)}"
-        )
-    if cos.dim() == 3 and (x.dim() < 3 or cos.shape[0] != x.shape[0]):
-        raise ValueError(
-            f"per-sequence tables [batch, seq_len, rotary_dim] need x's first axis "
-            f"to be batch={cos.shape[0]}, got x of shape {tuple(x.shape)}"
+            f"cos and sin must be {forms} with {sizes} and an even rotary_dim <= "
+            f"head_dim={x.shape[-1]} (x is {_layout_name(seq_dim)}, shape "
+            f"{tuple(x.shape)}, seq_dim={seq_dim}), got {tuple(cos.shape)}; Hugging "
+            "Face's [batch, seq_len, head_dim] tables fit as they are, unsqueezed "
+            "ones do not"
         )
     if rotary_dim is not None and rotary_dim != r:
         raise ValueError(
             f"rotary_dim={rotary_dim} does not match the tables' last dimension {r}; "
             "leave rotary_dim=None when passing cos and sin"
         )
-    dtype = _compute_dtype(x)
-    return cos.to(x.device, dtype), sin.to(x.device, dtype)
+    if {cos.dtype, sin.dtype} != {dtype} or {cos.device, sin.device} != {x.device}:
+        cos, sin = cos.to(x.device, dtype), sin.to(x.device, dtype)
+    return cos, sin
+
+
+def rotary_cos_sin(
+    positions: int | Tensor,
+    head_dim: int,
+    *,
+    base: float | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    layout: str = "interleaved",
+    rotary_dim: int | None = None,
+    scaling: Mapping[str, Any] | None = None,
+    axes_dim: Sequence[int] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The cosine and sine tables of rotary position embeddings.
+
+    The angle of pair i at position p is θ_{p,i} = p·ω_i, with ω_i from
+    :func:`rotary_frequencies` (base^(-2i/r) unless ``scaling`` says otherwise, r =
+    ``rotary_dim``). Angles, cosines and sines are computed in float64, multiplied
+    by the attention factor of ``scaling`` (YaRN, LongRoPE; 1 otherwise, as
+    transformers does) and rounded once to ``dtype``: float32 tables are within
+    2^-24 (absolute, per unit of attention factor) of the exact values at every
+    position below 2^24; float16/bfloat16 tables are the float64 values rounded once.
+
+    For Hugging Face models (Llama, Mistral, Qwen, Phi, GPT-NeoX checkpoints) pass
+    ``layout="half"`` and ``positions`` as ``position_ids [batch, seq_len]``: the
+    tables are then ``[batch, seq_len, head_dim]``, exactly the ``cos, sin`` that
+    transformers' ``apply_rotary_pos_emb(q, k, cos, sin)`` takes.
+
+    Args:
+        positions: an int ``n`` (positions ``0, ..., n-1``) or an integer tensor of
+            any shape ``[*]`` holding non-negative positions; multi-axis RoPE
+            (``axes_dim`` or ``scaling['mrope_section']``): ``[axes, *]``, e.g.
+            ``[3, batch, seq_len]`` for Qwen2-VL or Flux's ``ids.T``.
+        head_dim: channels per attention head, a positive even int.
+        base: the base of the frequency progression, a number > 1; default 10000.0,
+            or ``scaling['rope_theta']``.
+        dtype: floating dtype of the tables.
+        device: device of the tables; default: that of ``positions`` (CPU for an int).
+        layout: ``"interleaved"`` (pair i on channels 2i, 2i+1: RoFormer, GPT-J,
+            Meta's original Llama code, Flux, EVA/timm) or ``"half"`` (pair i on
+            channels i, i + r/2: GPT-NeoX and every Hugging Face checkpoint
+            converted to ``rotate_half``).
+        rotary_dim: number of rotated channels (the first ones), even and
+            <= ``head_dim``; default ``head_dim`` (or ``partial_rotary_factor``).
+        scaling: a Hugging Face ``rope_parameters`` / ``rope_scaling`` dict (see
+            :func:`rotary_frequencies`); ``mrope_section`` in it splits the pairs
+            over position axes (Qwen2-VL M-RoPE: one set of ω_i, section a turned
+            by axis a).
+        axes_dim: channels per position axis, each axis with its own ω over its
+            own channels (diffusers' Flux ``axes_dim``, timm's EVA grid: [r/2, r/2]).
+
+    Returns:
+        ``(cos, sin)``, each of shape ``[n, rotary_dim]`` for an int,
+        ``[*positions.shape, rotary_dim]`` for a tensor (``[*]`` without the axes
+        for multi-axis); ``cos[..., c]``, ``sin[..., c]`` are cos θ and sin θ of the
+        pair that channel c belongs to, times the attention factor.
+    """
+    head_dim = _check_even("head_dim", head_dim, "channels per head", "128")
+    rope = _Rope(
+        head_dim, base=base, layout=layout, rotary_dim=rotary_dim, scaling=scaling,
+        axes_dim=axes_dim,
+    )  # fmt: skip
+    dtype = _check_dtype(dtype)
+    _check_traceable(rope)
+    if isinstance(positions, Tensor):
+        _check_positions(positions)
+        if rope.sections and not (
+            positions.dim() >= 2 and positions.shape[0] == len(rope.sections)
+        ):
+            raise ValueError(
+                f"multi-axis RoPE ({len(rope.sections)} axes) needs positions "
+                f"[{len(rope.sections)}, ...], got shape {tuple(positions.shape)}"
+            )
+        if device is not None:
+            positions = positions.to(device)
+    else:
+        fix = "pass e.g. positions=128 or positions=torch.arange(128)"
+        n = _check_int("positions", positions, fix)
+        if n < 0:
+            raise ValueError(f"positions must be >= 0 when given as a count n, got {n}")
+        if rope.sections:
+            raise ValueError(
+                f"multi-axis RoPE needs positions [{len(rope.sections)}, ...] (one "
+                f"row per axis), got the count {n}"
+            )
+        positions = torch.arange(n, device=device)
+    seq_len = None if rope.static else _seq_len(positions)
+    return _compute_tables(rope, positions, dtype, seq_len)
 
 
 def apply_rotary(
@@ -413,63 +531,77 @@ def apply_rotary(
     *,
     cos: Tensor | None = None,
     sin: Tensor | None = None,
-    base: float = 10000.0,
+    base: float | None = None,
     layout: str = "interleaved",
     rotary_dim: int | None = None,
-    scale: float = 1.0,
+    scaling: Mapping[str, Any] | None = None,
+    axes_dim: Sequence[int] | None = None,
+    seq_dim: int = -2,
 ) -> Tensor:
-    r"""Rotary position embedding: rotate each channel pair of ``x`` by its angle.
+    """Rotary position embedding: rotate each channel pair of ``x`` by its angle.
 
-    Pair $i$ of the token at position $p$, channels $(a, b)$ of ``layout``, becomes
-    $(x_a\cos\theta - x_b\sin\theta,\; x_b\cos\theta + x_a\sin\theta)$ with
-    $\theta = (p / \text{scale})\,\omega_i$, $\omega_i = \text{base}^{-2i/r}$; the
-    channels from ``rotary_dim`` on pass through unchanged. Applied to queries and
-    keys, the score $\langle q_m, k_n\rangle$ then depends on $m - n$ only.
+    Pair i of the token at position p, channels (a, b) of ``layout``, becomes
+    (x_a·cos θ − x_b·sin θ, x_b·cos θ + x_a·sin θ) with θ = p·ω_i (see
+    :func:`rotary_cos_sin`); the channels from ``rotary_dim`` on pass through
+    unchanged. Applied to queries and keys, the score ⟨q_m, k_n⟩ then depends on
+    m − n only. Use ``layout="half"`` for Hugging Face, GPT-NeoX and Llama
+    checkpoints in the transformers format.
 
-    The tables are computed in float64 and rounded once (see
-    :func:`rotary_cos_sin`). float32 ``x``: each output is within
-    $(2 + 1/\sqrt{2})\,2^{-24}\,\|(x_a, x_b)\|$ of the exact rotation at every
-    position below $2^{24}$ ($\le 10^{-6}$ for pairs of norm $\le 6$).
-    float16/bfloat16 ``x``: rotated in float32 and rounded once, so within half a
-    unit in the last place of ``x``'s dtype plus that float32 bound.
+    The tables are computed in float64 and rounded once. float32 ``x``: each output
+    is within (2 + 1/√2)·2^-24·‖(x_a, x_b)‖ of the exact rotation (times the
+    attention factor) at every position below 2^24 (≤ 10^-6 for pairs of norm
+    ≤ 6). float16/bfloat16 ``x``: rotated in float32 and rounded once, so within
+    half a unit in the last place (at the magnitude of the exact value plus e)
+    plus e, where e is that float32 bound.
 
     Args:
         x: queries or keys, ``[..., seq_len, head_dim]`` (e.g. ``[batch, heads,
-            seq_len, head_dim]``), any floating dtype.
+            seq_len, head_dim]``), or ``[..., seq_len, heads, head_dim]`` with
+            ``seq_dim=-3``; any floating dtype.
         positions: ``None`` (positions ``0, ..., seq_len-1``), an int offset
             (positions ``offset, ..., offset+seq_len-1``: decoding with a KV cache),
             or an integer tensor ``[seq_len]`` or ``[batch, seq_len]`` (per sequence:
-            packing, left padding; shared by the heads).
-        cos: instead of positions, precomputed tables from :func:`rotary_cos_sin`
-            (``layout`` must match), ``[seq_len, rotary_dim]`` or
-            ``[batch, seq_len, rotary_dim]``; any floating dtype.
+            packing, left padding; shared by the heads); multi-axis RoPE:
+            ``[axes, seq_len]`` or ``[axes, batch, seq_len]``.
+        cos: instead of positions, precomputed tables (:func:`rotary_cos_sin`, or
+            Hugging Face's ``[batch, seq_len, head_dim]``), ``[seq_len, r]`` or
+            ``[batch, seq_len, r]``, any floating dtype; ``layout`` must match. Any
+            other shape raises: tables are never broadcast into another layout.
         sin: the matching sine table, same shape as ``cos``.
-        base: the base of the frequency progression, a number > 1.
-        layout: ``"interleaved"`` (pairs on channels $2i, 2i+1$) or ``"half"``
-            (pairs on channels $i, i + r/2$).
-        rotary_dim: number of rotated channels (the first ones), even and
-            <= ``head_dim``; default ``head_dim``.
-        scale: position interpolation factor (positions are divided by it), > 0.
+        base, layout, rotary_dim, scaling, axes_dim: as in :func:`rotary_cos_sin`
+            (``base``, ``scaling`` and ``axes_dim`` only with positions).
+        seq_dim: the axis of x holding the sequence, -2 or -3.
 
     Returns:
         Tensor of ``x``'s shape, dtype and device.
     """
     if (
-        cos.__class__ is Tensor
-        and sin.__class__ is Tensor
-        and x.__class__ is Tensor
-        and positions is None
-        and not torch.compiler.is_compiling()
+        seq_dim.__class__ is not int
+        or seq_dim != -2
+        or x.__class__ is not Tensor
+        or x.dim() < 2
     ):
-        rotated = _rotate_given_tables(x, cos, sin, layout, rotary_dim)  # type: ignore[arg-type]
-        if rotated is not None:
-            return rotated
-    x = _check_x("x", x)
-    _check_choice("layout", layout, ROTARY_LAYOUTS)
+        seq_dim = _check_seq_dim(seq_dim)
+        x = _check_x("x", x, seq_dim)
+    elif not x.is_floating_point():
+        x = _check_x("x", x, seq_dim)  # raises, naming the dtype
+    if layout not in ROTARY_LAYOUTS:
+        _check_choice("layout", layout, ROTARY_LAYOUTS)
     dtype = _compute_dtype(x)
     if cos is not None or sin is not None:
-        cos, sin = _given_tables(x, positions, cos, sin, rotary_dim)
-        sin = sin * _sign(cos.shape[-1], layout, dtype, x.device)
+        if positions is not None:
+            raise ValueError(
+                "pass either positions or cos and sin, not both: the tables already "
+                "hold the angles of every position"
+            )
+        if base is not None or scaling is not None or axes_dim is not None:
+            given = (("base", base), ("scaling", scaling), ("axes_dim", axes_dim))
+            unused = [name for name, value in given if value is not None]
+            raise ValueError(
+                f"{', '.join(unused)} describe(s) how tables are computed, but cos and "
+                "sin were given: pass them to rotary_cos_sin instead"
+            )
+        cos, sin = _given_tables(x, cos, sin, rotary_dim, seq_dim, dtype)
     else:
         if rotary_dim is None and x.shape[-1] % 2:
             raise ValueError(
@@ -477,44 +609,35 @@ def apply_rotary(
                 f"in pairs, got shape {tuple(x.shape)}; pass an even rotary_dim < "
                 f"{x.shape[-1]} to rotate only the first channels"
             )
-        rotary_dim = _check_rotary_dim(rotary_dim, x.shape[-1])
-        if not torch.compiler.is_compiling():  # (floats may be symbols while tracing)
-            base, scale = _check_base(base), _check_scale(scale)
+        rope = _Rope(
+            x.shape[-1], base=base, layout=layout, rotary_dim=rotary_dim,
+            scaling=scaling, axes_dim=axes_dim,
+        )  # fmt: skip
+        _check_traceable(rope)
         if isinstance(positions, Tensor):
             _check_positions(positions)
-            _check_positions_shape(positions, x)
+            _check_positions_shape(positions, x, seq_dim, len(rope.sections))
             p = positions.to(x.device)
+            seq_len = None if rope.static else _seq_len(p)
         else:
             offset = _check_offset(0 if positions is None else positions, "positions")
-            p = torch.arange(offset, offset + x.shape[-2], device=x.device)
-        cos, sin = _tables_any(p, rotary_dim, base, scale, layout, dtype, True)
-    return _rotate(x, _broadcast_to_x(cos, x), _broadcast_to_x(sin, x), layout)
-
-
-def _rotate_given_tables(
-    x: Tensor, cos: Tensor, sin: Tensor, layout: str, rotary_dim: int | None
-) -> Tensor | None:
-    """``apply_rotary(x, cos=cos, sin=sin)`` for the common call, checked cheaply: x,
-    cos and sin of one float32/float64 dtype and one device, tables ``[seq_len,
-    head_dim]``. ``None`` when any condition fails: apply_rotary then checks
-    everything, says what is wrong, or converts the tables."""
-    shape, r = x.shape, cos.shape[-1] if cos.dim() == 2 else -1
-    if not (
-        len(shape) >= 2
-        and x.dtype in _OWN_PRECISION
-        and cos.dtype == x.dtype
-        and sin.dtype == x.dtype
-        and sin.shape == cos.shape
-        and cos.shape[0] == shape[-2]
-        and r == shape[-1]
-        and r % 2 == 0
-        and rotary_dim in (None, r)
-        and layout in ROTARY_LAYOUTS
-        and cos.device == x.device
-        and sin.device == x.device
-    ):
-        return None
-    return _rotate(x, cos, sin * _sign(r, layout, x.dtype, x.device), layout)
+            if rope.sections:
+                raise ValueError(
+                    f"multi-axis RoPE needs positions [{len(rope.sections)}, seq_len] "
+                    f"or [{len(rope.sections)}, batch, seq_len] (one row per axis), "
+                    f"got {positions!r}"
+                )
+            p = torch.arange(offset, offset + x.shape[seq_dim], device=x.device)
+            seq_len = offset + x.shape[seq_dim]
+        cos, sin = _compute_tables(rope, p, dtype, seq_len)
+    # measured: for small x (a decoding step) negating half of x is one operation
+    # fewer than building the sign vector; for large x the sign on the table is a pass
+    # over x fewer
+    large = torch.compiler.is_compiling() or x.numel() > _STACK_LIMIT
+    sign = _sign(cos.shape[-1], layout, dtype, x.device) if large else None
+    if seq_dim == -3 or cos.dim() == 3:
+        cos, sin = _fit(cos, x, seq_dim), _fit(sin, x, seq_dim)
+    return _rotate(x, cos, sin, sign, layout)
 
 
 #: q and k of at most this many elements each are rotated together (decoding steps)
@@ -522,28 +645,41 @@ _STACK_LIMIT = 1 << 16
 
 
 class RotaryEmbedding(nn.Module):
-    r"""Rotary position embeddings for queries and keys, with a cached table.
+    """Rotary position embeddings for queries and keys, with a cached table.
 
     ``forward(q, k)`` returns ``apply_rotary(q)`` and ``apply_rotary(k)`` with this
-    module's settings, bitwise equal to them. The cosine and signed sine tables for
+    module's settings, bitwise equal to them; ``rotate(x)`` rotates one tensor (keys
+    before they enter a cache, at their own offset). The cosine and sine tables of
     positions ``0 .. max_len-1`` are cached per (device, compute dtype) in a plain
     dict, as in :class:`PositionalEncoding`: nothing in ``state_dict``, nothing for
-    ``DistributedDataParallel`` to broadcast, dropped from pickles. Positions past
-    ``max_len`` are computed on the fly (same values), so any length works.
+    ``DistributedDataParallel`` to broadcast, dropped from pickles. Other positions
+    are computed on the fly (same values), so any length works.
+
+    For a Hugging Face checkpoint (Llama, Mistral, Qwen, Phi, GPT-NeoX) pass
+    ``layout="half"``, ``base=config.rope_theta`` and ``scaling=`` the config's
+    ``rope_parameters`` (or ``rope_scaling``) dict. ``dynamic`` NTK follows
+    transformers' ``dynamic_rope_update``: the module keeps the longest sequence
+    seen since it last fell back below ``max_position_embeddings`` and uses its
+    frequencies; ``longrope`` switches to its long factors for any call whose
+    largest position is past the original context (both eager only).
 
     Args:
         head_dim: channels per attention head, a positive even int.
-        base: the base of the frequency progression, a number > 1.
+        base: the base of the frequency progression, a number > 1; default 10000.0,
+            or ``scaling['rope_theta']``.
         layout: ``"interleaved"`` or ``"half"`` (see :func:`rotary_cos_sin`).
         rotary_dim: number of rotated channels (the first ones), even and
-            <= ``head_dim``; default ``head_dim``.
+            <= ``head_dim``; default ``head_dim`` (or ``partial_rotary_factor``).
         max_len: number of positions whose tables are cached, a positive int.
-        scale: position interpolation factor (positions are divided by it), > 0.
+        scaling: a Hugging Face ``rope_parameters`` dict (:func:`rotary_frequencies`;
+            ``mrope_section`` for Qwen2-VL's multi-axis RoPE).
+        axes_dim: channels per position axis, each with its own frequencies (Flux,
+            EVA/timm 2-D grids); positions are then ``[axes, ...]``.
 
     Shape:
         - q: ``[..., heads, seq_len, head_dim]``, e.g. ``[batch, heads, seq_len,
-          head_dim]``; k: the same, with as many or fewer heads (grouped-query
-          attention).
+          head_dim]`` (or ``[..., seq_len, heads, head_dim]`` with ``seq_dim=-3``);
+          k: the same, with as many or fewer heads (grouped-query attention).
         - output: ``(q, k)`` rotated, with their shapes, dtypes and device.
     """
 
@@ -551,36 +687,79 @@ class RotaryEmbedding(nn.Module):
         self,
         head_dim: int,
         *,
-        base: float = 10000.0,
+        base: float | None = None,
         layout: str = "interleaved",
         rotary_dim: int | None = None,
         max_len: int = 4096,
-        scale: float = 1.0,
+        scaling: Mapping[str, Any] | None = None,
+        axes_dim: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         self.head_dim = _check_even("head_dim", head_dim, "channels per head", "128")
-        self.rotary_dim = _check_rotary_dim(rotary_dim, self.head_dim)
-        self.base = _check_base(base)
-        self.layout = _check_choice("layout", layout, ROTARY_LAYOUTS)
+        self._rope = _Rope(
+            self.head_dim, base=base, layout=layout, rotary_dim=rotary_dim,
+            scaling=scaling, axes_dim=axes_dim,
+        )  # fmt: skip
+        self.rotary_dim, self.layout = self._rope.rotary_dim, self._rope.layout
+        self.base = self._rope.params["rope_theta"]
+        self.rope_type = self._rope.params["rope_type"]
+        self.axes_dim = list(axes_dim) if axes_dim is not None else None
         self.max_len = _check_max_len(max_len)
-        self.scale = _check_scale(scale)
-        # (device, compute dtype) -> (cos, signed sin), each [max_len, rotary_dim]
-        self._tables: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
+        #: the factor the tables are multiplied by (YaRN, LongRoPE; else 1.0)
+        self.attention_factor = self._rope.attention
+        # dynamic NTK: the longest sequence kept; longrope: the last call's length
+        self._seq_len: int | None = None
+        # (device, compute dtype) -> (cos, sin, sign): [max_len, r], [max_len, r], [r];
+        # the sign vector of the rotation is kept with them, and alone in _signs
+        self._tables: dict[
+            tuple[torch.device, torch.dtype], tuple[Tensor, Tensor, Tensor]
+        ] = {}
+        self._signs: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
     def extra_repr(self) -> str:
-        return (
-            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
-            f"layout={self.layout!r}, max_len={self.max_len}, scale={self.scale}"
+        text = (
+            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
+            f"base={self.base}, layout={self.layout!r}, max_len={self.max_len}"
         )
+        if self.rope_type != "default":
+            text += f", rope_type={self.rope_type!r}"
+        if self._rope.sections:
+            text += f", sections={list(self._rope.sections)}"
+        return text
+
+    @property
+    def frequencies(self) -> Tensor:
+        """The float64 ω_i in use, ``[rotary_dim / 2]`` (dynamic and longrope: those
+        of the last call)."""
+        return self._rope.frequencies_at(self._seq_len, per_axis=False)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_tables"] = {}  # derived data: never pickled
+        state["_tables"], state["_signs"] = {}, {}  # derived data: never pickled
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._tables = {}
+        self._tables, self._signs = {}, {}
+
+    def _adapt(self, seq_len: int) -> int | None:
+        """The sequence length the frequencies follow for a call whose largest
+        position is ``seq_len - 1`` (dynamic, longrope; None for the others)."""
+        rope_type = self.rope_type
+        if rope_type == "longrope":  # stateless: the length of this call
+            self._seq_len = seq_len
+            return seq_len
+        if rope_type != "dynamic":
+            return None
+        # transformers' dynamic_frequency_update: grow, or reset below the original
+        original = self._rope.params["max_position_embeddings"]
+        kept = self._seq_len or original
+        if seq_len > kept:
+            kept = seq_len
+        if seq_len < original and kept > original:
+            kept = original
+        self._seq_len = kept if kept > original else None
+        return kept
 
     def cos_sin(
         self,
@@ -589,151 +768,187 @@ class RotaryEmbedding(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """This module's tables (see :func:`rotary_cos_sin`).
+        """This module's tables, those ``forward`` rotates with.
+
+        With ``position_ids [batch, seq_len]`` and ``layout="half"`` they are the
+        ``[batch, seq_len, head_dim]`` tables transformers' ``apply_rotary_pos_emb``
+        takes (as ``LlamaRotaryEmbedding(x, position_ids)`` returns them, with this
+        module's exact values; dynamic NTK updates its length as ``forward`` does).
 
         Returns:
             ``(cos, sin)``, each ``[n, rotary_dim]`` for an int ``n``,
-            ``[*positions.shape, rotary_dim]`` for a tensor.
+            ``[*positions.shape, rotary_dim]`` for a tensor (multi-axis: without
+            the leading axes dimension).
         """
-        return rotary_cos_sin(
-            positions, self.head_dim, base=self.base, dtype=dtype, device=device,
-            layout=self.layout, rotary_dim=self.rotary_dim, scale=self.scale,
-        )  # fmt: skip
+        dtype = _check_dtype(dtype)
+        _check_traceable(self._rope)
+        if not isinstance(positions, Tensor):
+            fix = "pass e.g. positions=128 or position_ids [batch, seq_len]"
+            n = _check_int("positions", positions, fix)
+            if n < 0:
+                raise ValueError(
+                    f"positions must be >= 0 when given as a count n, got {n}"
+                )
+            positions = torch.arange(n, device=device)
+        _check_positions(positions)
+        positions = positions.to(device) if device is not None else positions
+        axes = len(self._rope.sections)
+        if axes and not (positions.dim() >= 2 and positions.shape[0] == axes):
+            raise ValueError(
+                f"multi-axis RoPE ({axes} axes) needs positions [{axes}, ...], got "
+                f"shape {tuple(positions.shape)}"
+            )
+        seq_len = self._adapt(_seq_len(positions)) if not self._rope.static else None
+        return _compute_tables(self._rope, positions, dtype, seq_len)
 
-    def _compute(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        # base and scale are constants of the traced graph, never symbols
-        base, scale = _constants(self) if torch.compiler.is_compiling() else (
-            self.base, self.scale
-        )  # fmt: skip
-        r, layout = self.rotary_dim, self.layout
-        return _tables_any(positions, r, base, scale, layout, dtype, True)
-
-    def _table(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def _table(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor, Tensor]:
         key = (device, dtype)
         tables = self._tables.get(key)
         if tables is None:
             positions = torch.arange(self.max_len, device=device)
-            tables = self._tables[key] = self._compute(positions, dtype)
+            cos, sin = _compute_tables(self._rope, positions, dtype, None)
+            tables = self._tables[key] = (cos, sin, self._sign(device, dtype))
         return tables
 
+    def _sign(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """``_sign`` for this module's width and layout, kept per (device, dtype)."""
+        if torch.compiler.is_compiling():  # a constant of the graph
+            return _sign(self.rotary_dim, self.layout, dtype, device)
+        sign = self._signs.get((device, dtype))
+        if sign is None:
+            sign = _sign(self.rotary_dim, self.layout, dtype, device)
+            self._signs[device, dtype] = sign
+        return sign
+
+    def _rows(
+        self, x: Tensor, offset: object, positions: object, seq_dim: int, name: str
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The table rows for ``x`` (fitted to it) and the sign vector."""
+        dtype, rope = _compute_dtype(x), self._rope
+        _check_traceable(rope)
+        if positions is None:
+            offset = _check_offset(offset)
+            if rope.sections:
+                axes = len(rope.sections)
+                raise ValueError(
+                    f"multi-axis RoPE needs positions=[{axes}, seq_len] or [{axes}, "
+                    f"batch, seq_len] (one row per axis), not an offset"
+                )
+            end = offset + x.shape[seq_dim]
+            seq_len = None if rope.static else self._adapt(end)
+            compiling = torch.compiler.is_compiling()
+            if (
+                not (compiling and _is_exporting())  # first: no guard on `end`
+                and (seq_len is None or rope.initial(seq_len))
+                and end <= self.max_len
+            ):
+                if compiling:
+                    # torch.compile: the table is built while tracing, outside the
+                    # graph, and read by the graph as an input
+                    _build_table_outside_graph(self, x.device, dtype)
+                cos, sin, sign = self._table(x.device, dtype)
+                if end - offset == 1:  # a decoding step: one row [r], broadcast
+                    cos, sin = cos[offset], sin[offset]
+                else:
+                    cos, sin = cos[offset:end], sin[offset:end]
+            else:  # torch.export (which holds no table), or past the cached table
+                p = torch.arange(offset, end, device=x.device)
+                cos, sin = _compute_tables(rope, p, dtype, seq_len)
+                sign = self._sign(x.device, dtype)
+            if seq_dim == -3:
+                cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+            return cos, sin, sign
+        zero = isinstance(offset, (int, torch.SymInt)) and not isinstance(offset, bool)
+        if not (zero and offset == 0):
+            raise ValueError(
+                f"pass either offset or positions, not both (got offset={offset}): "
+                "positions already give every token's position; add the offset "
+                "to them instead (positions + offset)"
+            )
+        if not isinstance(positions, Tensor):
+            raise TypeError(
+                "positions must be an integer tensor [seq_len] or [batch, seq_len] "
+                f"([axes, ...] for multi-axis RoPE), got {type(positions).__name__}"
+            )
+        _check_positions(positions)
+        _check_positions_shape(positions, x, seq_dim, len(rope.sections), name)
+        if positions.device != x.device:
+            positions = positions.to(x.device)
+        seq_len = None if rope.static else self._adapt(_seq_len(positions))
+        cos, sin = _compute_tables(rope, positions, dtype, seq_len)
+        cos, sin = _fit(cos, x, seq_dim), _fit(sin, x, seq_dim)
+        return cos, sin, self._sign(x.device, dtype)
+
     def forward(
-        self, q: Tensor, k: Tensor, *, offset: int = 0, positions: Tensor | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
+        seq_dim: int = -2,
     ) -> tuple[Tensor, Tensor]:
         """Rotate queries and keys by their positions.
 
         Args:
-            q: queries, ``[..., heads, seq_len, head_dim]``, any floating dtype.
-            k: keys, ``[..., kv_heads, seq_len, head_dim]``: the same leading and
-                last two dimensions as ``q``, ``heads`` a multiple of ``kv_heads``.
+            q: queries, ``[..., heads, seq_len, head_dim]`` (``seq_dim=-2``) or
+                ``[..., seq_len, heads, head_dim]`` (``seq_dim=-3``), any floating
+                dtype.
+            k: keys, the same leading, sequence and last dimensions as ``q``, with
+                ``heads`` a multiple of k's heads (grouped-query attention).
             offset: position of the first token, an int >= 0 (decoding with a KV
                 cache). Must be 0 when ``positions`` is given.
             positions: optional integer tensor of positions, ``[seq_len]`` (shared)
-                or ``[batch, seq_len]`` (per sequence: packing, left padding).
+                or ``[batch, seq_len]`` (per sequence: packing, left padding);
+                ``[axes, seq_len]`` or ``[axes, batch, seq_len]`` for multi-axis.
+            seq_dim: the axis holding the sequence, -2 or -3.
 
         Returns:
             ``(q, k)`` rotated: the shapes, dtypes and device of the inputs.
         """
+        seq_dim = _check_seq_dim(seq_dim)
+        q, k = _check_q_k(q, k, self.head_dim, seq_dim)
+        cos, sin, sign = self._rows(q, offset, positions, seq_dim, "q")
         if (
-            positions is None
-            and offset.__class__ is int
-            and q.__class__ is Tensor
-            and k.__class__ is Tensor
-            and not torch.compiler.is_compiling()
-        ):
-            rotated = self._common_case(q, k, offset)
-            if rotated is not None:
-                return rotated
-        return self._forward_checked(q, k, offset, positions)
-
-    def _common_case(
-        self, q: Tensor, k: Tensor, offset: int
-    ) -> tuple[Tensor, Tensor] | None:
-        """The common call, checked cheaply: q and k of one shape and dtype, float32 or
-        float64, every position inside the cached table. ``None`` when any condition
-        fails: the full path then checks everything and says what is wrong."""
-        shape = q.shape
-        if not (
-            offset >= 0
-            and len(shape) >= 2
-            and k.shape == shape
-            and shape[-1] == self.head_dim
-            and k.dtype == q.dtype
-            and q.dtype in _OWN_PRECISION
-            and offset + shape[-2] <= self.max_len
-        ):
-            return None
-        cos, sin = self._table(q.device, q.dtype)
-        if shape[-2] == 1:  # a decoding step: one row, [rotary_dim], broadcast
-            cos, sin = cos[offset], sin[offset]
-        else:
-            end = offset + shape[-2]
-            cos, sin = cos[offset:end], sin[offset:end]
-        return self._rotate_both(q, k, cos, sin)
-
-    def _forward_checked(
-        self, q: Tensor, k: Tensor, offset: object, positions: object
-    ) -> tuple[Tensor, Tensor]:
-        """Every other call: each argument checked, then the same rotation."""
-        q, k = _check_q_k(q, k, self.head_dim)
-        dtype = _compute_dtype(q)
-        if positions is None:
-            offset = _check_offset(offset)
-            end = offset + q.shape[-2]
-            if torch.compiler.is_compiling():
-                cos, sin = self._compiled_rows(q, offset, end)
-            elif end <= self.max_len:
-                cos, sin = self._table(q.device, dtype)
-                cos, sin = cos[offset:end], sin[offset:end]
-            else:
-                positions = torch.arange(offset, end, device=q.device)
-                cos, sin = self._compute(positions, dtype)
-        else:
-            if offset.__class__ is not int or offset != 0:
-                raise ValueError(
-                    f"pass either offset or positions, not both (got offset={offset!r}): "
-                    "positions already give every token's position; add the offset "
-                    "to them instead (positions + offset)"
-                )
-            if not isinstance(positions, Tensor):
-                raise TypeError(
-                    "positions must be an integer tensor [seq_len] or [batch, seq_len], "
-                    f"got {type(positions).__name__}"
-                )
-            _check_positions(positions)
-            _check_positions_shape(positions, q, "q")
-            cos, sin = self._compute(positions.to(q.device), dtype)
-            cos, sin = _broadcast_to_x(cos, q), _broadcast_to_x(sin, q)
-        return self._rotate_both(q, k, cos, sin)
-
-    def _rotate_both(
-        self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """q and k rotated by the same table rows (cos, signed sin)."""
-        if (
-            q.shape == k.shape
+            not torch.compiler.is_compiling()  # first: no guard on the sizes
+            and q.shape == k.shape
             and q.dtype == k.dtype
             and q.numel() <= _STACK_LIMIT
-            and not torch.compiler.is_compiling()
         ):
             # a decoding step: q and k rotated as one stacked tensor, half the kernel
             # launches; elementwise, so bitwise what rotating each one gives
-            return _rotate(torch.stack((q, k)), cos, sin, self.layout).unbind(0)
-        q_out = _rotate(q, cos, sin, self.layout)
-        k_dtype = _compute_dtype(k)
-        if k_dtype != _compute_dtype(q):  # rare: q and k of different dtypes
-            cos, sin = cos.to(k_dtype), sin.to(k_dtype)
-        return q_out, _rotate(k, cos, sin, self.layout)
+            return _rotate(torch.stack((q, k)), cos, sin, sign, self.layout).unbind(0)
+        q_out = _rotate(q, cos, sin, sign, self.layout)
+        if _compute_dtype(k) != _compute_dtype(q):  # rare: q and k of different dtypes
+            # k's own rows, rounded once to its dtype (not q's rows converted: rounded twice)
+            cos, sin, sign = self._rows(k, offset, positions, seq_dim, "k")
+        return q_out, _rotate(k, cos, sin, sign, self.layout)
 
-    def _compiled_rows(self, q: Tensor, offset: int, end: int) -> tuple[Tensor, Tensor]:
-        # torch.export: computed inside the program, which holds no table
-        if _is_exporting() or end > self.max_len:
-            positions = torch.arange(offset, end, device=q.device)
-            return self._compute(positions, _compute_dtype(q))
-        # torch.compile: the table is built while tracing, outside the graph, and
-        # read by the graph as an input
-        _build_table_outside_graph(self, q.device, _compute_dtype(q))
-        cos, sin = self._table(q.device, _compute_dtype(q))
-        return cos[offset:end], sin[offset:end]
+    def rotate(
+        self,
+        x: Tensor,
+        *,
+        offset: int = 0,
+        positions: Tensor | None = None,
+        seq_dim: int = -2,
+    ) -> Tensor:
+        """Rotate one tensor (queries, or keys before they enter a KV cache) by its
+        positions, with the arguments of :meth:`forward`.
+
+        Args:
+            x: ``[..., seq_len, head_dim]`` (``seq_dim=-2``) or ``[..., seq_len,
+                heads, head_dim]`` (``seq_dim=-3``), any floating dtype.
+
+        Returns:
+            ``x`` rotated: its shape, dtype and device.
+        """
+        seq_dim = _check_seq_dim(seq_dim)
+        x = _check_x("x", x, seq_dim)
+        _check_head_dim("x", x, self.head_dim)
+        cos, sin, sign = self._rows(x, offset, positions, seq_dim, "x")
+        return _rotate(x, cos, sin, sign, self.layout)
 
 
 def _check_max_len(max_len: object) -> int:
@@ -750,22 +965,44 @@ def _check_max_len(max_len: object) -> int:
     return int(max_len)
 
 
-def _check_q_k(q: object, k: object, head_dim: int) -> tuple[Tensor, Tensor]:
-    q, k = _check_x("q", q), _check_x("k", k)
-    for name, x in (("q", q), ("k", k)):
-        if x.shape[-1] != head_dim:
-            raise ValueError(
-                f"{name}'s last dimension must be head_dim={head_dim}, got shape "
-                f"{tuple(x.shape)}; build RotaryEmbedding({x.shape[-1]}) or check "
-                "the head split ([batch, heads, seq_len, head_dim])"
-            )
-    same_lead = q.dim() == k.dim() and q.shape[:-3] == k.shape[:-3]
-    heads_ok = q.dim() < 3 or (k.shape[-3] > 0 and q.shape[-3] % k.shape[-3] == 0)
-    if not (same_lead and q.shape[-2] == k.shape[-2] and heads_ok):
+def _check_head_dim(name: str, x: Tensor, head_dim: int) -> None:
+    if x.shape[-1] != head_dim:
         raise ValueError(
-            f"q and k must be [..., heads, seq_len, head_dim] with the same leading "
-            f"dimensions and seq_len, and k's heads dividing q's (grouped-query "
-            f"attention), got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            f"{name}'s last dimension must be head_dim={head_dim}, got shape "
+            f"{tuple(x.shape)}; build RotaryEmbedding({x.shape[-1]}) or check "
+            "the head split ([batch, heads, seq_len, head_dim])"
+        )
+
+
+def _check_q_k(
+    q: object, k: object, head_dim: int, seq_dim: int
+) -> tuple[Tensor, Tensor]:
+    if (  # the common call, checked cheaply
+        q.__class__ is Tensor
+        and k.__class__ is Tensor
+        and q.shape == k.shape
+        and q.dim() >= -seq_dim
+        and q.shape[-1] == head_dim
+        and q.is_floating_point()
+        and k.dtype == q.dtype
+    ):
+        return q, k
+    q, k = _check_x("q", q, seq_dim), _check_x("k", k, seq_dim)
+    _check_head_dim("q", q, head_dim)
+    _check_head_dim("k", k, head_dim)
+    heads = -3 if seq_dim == -2 else -2
+    same_lead = q.dim() == k.dim() and q.shape[:-3] == k.shape[:-3]
+    heads_ok = q.dim() < 3 or (
+        k.shape[heads] > 0 and q.shape[heads] % k.shape[heads] == 0
+    )
+    if not (same_lead and q.shape[seq_dim] == k.shape[seq_dim] and heads_ok):
+        where = "[..., heads, seq_len, head_dim]"
+        if seq_dim == -3:
+            where = "[..., seq_len, heads, head_dim]"
+        raise ValueError(
+            f"q and k must be {where} with the same leading dimensions and seq_len, "
+            f"and k's heads dividing q's (grouped-query attention), got q "
+            f"{tuple(q.shape)} and k {tuple(k.shape)}"
         )
     return q, k
 
@@ -785,7 +1022,493 @@ def _build_table_outside_graph(
     return True
 
 
-@torch.compiler.assume_constant_result
-def _constants(module: RotaryEmbedding) -> tuple[float, float]:
-    """``(base, scale)`` as constants of the traced graph (fixed at construction)."""
-    return module.base, module.scale
+#: The keys each rope_type reads (Hugging Face's names), besides the common ones.
+_TYPE_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": (
+        "factor", "original_max_position_embeddings", "attention_factor",
+        "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+    ),
+    "llama3": (
+        "factor", "low_freq_factor", "high_freq_factor",
+        "original_max_position_embeddings",
+    ),
+    "longrope": (
+        "short_factor", "long_factor", "factor",
+        "original_max_position_embeddings", "attention_factor",
+    ),
+}  # fmt: skip
+#: Keys every type accepts. ``max_position_embeddings`` is the model config's own
+#: field (Hugging Face reads it from the config, not from the dict): dynamic NTK
+#: needs it, and yarn, llama3 and longrope fall back on it as HF does.
+_COMMON_KEYS = (
+    "rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section",
+    "max_position_embeddings",
+)  # fmt: skip
+
+
+def _param_number(
+    params: dict[str, Any], key: str, *, low: float, strict: bool = True
+) -> float:
+    """``params[key]`` as a finite float > low (>= low unless ``strict``)."""
+    value = params[key]
+    where = f"scaling[{key!r}]"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} must be a number, got {value!r}")
+    ok = value > low if strict else value >= low
+    if not (math.isfinite(value) and ok):
+        bound = f"> {low:g}" if strict else f">= {low:g}"
+        raise ValueError(f"{where} must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+def _param_int(params: dict[str, Any], key: str, rope_type: str) -> int:
+    """``params[key]`` (a context length) as a positive int."""
+    if key not in params:
+        raise ValueError(
+            f"rope_type {rope_type!r} needs scaling[{key!r}] (the pretraining context "
+            f"length, from the model config), e.g. {key}=8192"
+        )
+    value = params[key]
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"scaling[{key!r}] must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _param_list(params: dict[str, Any], key: str, *, ints: bool) -> list:
+    value = params[key]
+    kind = (numbers.Integral,) if ints else (numbers.Real,)
+    if not (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+        and all(v > 0 and math.isfinite(v) for v in value)
+    ):
+        what = "positive ints" if ints else "positive numbers"
+        raise ValueError(f"scaling[{key!r}] must be a list of {what}, got {value!r}")
+    return [int(v) if ints else float(v) for v in value]
+
+
+def _rope_parameters(scaling: object, base: object) -> dict[str, Any]:
+    """A checked copy of ``scaling`` (a Hugging Face ``rope_parameters`` or
+    ``rope_scaling`` dict) with ``rope_type``, ``rope_theta`` and the defaults
+    transformers applies: the one description every table is computed from."""
+    if scaling is None:
+        scaling = {}
+    if not isinstance(scaling, Mapping):
+        raise TypeError(
+            f"scaling must be a dict like a model config's rope_parameters (or "
+            f"rope_scaling), e.g. {{'rope_type': 'llama3', 'factor': 8.0, ...}}, got "
+            f"{type(scaling).__name__}"
+        )
+    params = dict(scaling)
+    rope_type, legacy = params.pop("rope_type", None), params.pop("type", None)
+    # "mrope" (Qwen2-VL's name): default frequencies, split by mrope_section
+    rope_type, legacy = (None if t is None else "default" if t == "mrope" else t
+                         for t in (rope_type, legacy))  # fmt: skip
+    if rope_type is not None and legacy is not None and rope_type != legacy:
+        raise ValueError(
+            f"scaling has rope_type={rope_type!r} and type={legacy!r}; keep one"
+        )
+    rope_type = rope_type if rope_type is not None else legacy or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"scaling['rope_type'] must be one of {', '.join(map(repr, ROPE_TYPES))}, "
+            f"got {rope_type!r}"
+        )
+    known = _COMMON_KEYS + _TYPE_KEYS[rope_type]
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(
+            f"scaling has key(s) {unknown} that rope_type {rope_type!r} does not read "
+            f"(it reads {sorted(set(known) - {'type'})}); remove them or fix their "
+            "spelling"
+        )
+    theta = params.pop("rope_theta", None)
+    if base is not None and theta is not None and theta != base:
+        raise ValueError(
+            f"base={base} and scaling['rope_theta']={theta} disagree; pass only one"
+        )
+    given = base if base is not None else theta
+    params["rope_theta"] = _check_base(10000.0 if given is None else given)
+    params["rope_type"] = rope_type
+    for key in ("max_position_embeddings", "original_max_position_embeddings"):
+        if key in params:
+            _param_int(params, key, rope_type)
+    if "partial_rotary_factor" in params:
+        factor = _param_number(params, "partial_rotary_factor", low=0.0)
+        if factor > 1:
+            raise ValueError(
+                f"scaling['partial_rotary_factor'] must be in (0, 1], got {factor}"
+            )
+    if "mrope_section" in params:
+        params["mrope_section"] = _param_list(params, "mrope_section", ints=True)
+    if rope_type in ("yarn", "llama3", "longrope"):
+        # as transformers' standardize_rope_params: the original length defaults to
+        # the config's max_position_embeddings
+        key = "original_max_position_embeddings"
+        if key not in params and "max_position_embeddings" in params:
+            params[key] = params["max_position_embeddings"]
+        _param_int(params, key, rope_type)
+    if rope_type in ("yarn", "longrope") and params.get("factor") is None:
+        # DeepSeek-V3 and Phi-3 give no factor: transformers takes the ratio of the
+        # context lengths
+        if "max_position_embeddings" not in params:
+            raise ValueError(
+                f"rope_type {rope_type!r} without scaling['factor'] needs "
+                "scaling['max_position_embeddings'] (the model config's) to take "
+                "the factor as max_position_embeddings / "
+                "original_max_position_embeddings; or pass factor"
+            )
+        params["factor"] = (
+            params["max_position_embeddings"]
+            / params["original_max_position_embeddings"]
+        )
+    if rope_type != "default":
+        if "factor" not in params and rope_type != "longrope":
+            raise ValueError(
+                f"rope_type {rope_type!r} needs scaling['factor'], e.g. factor=8.0"
+            )
+        if "factor" in params:
+            low = 0.0 if rope_type == "linear" else 1.0
+            params["factor"] = _param_number(
+                params, "factor", low=low, strict=rope_type == "linear"
+            )
+    if rope_type == "dynamic":
+        _param_int(params, "max_position_embeddings", rope_type)
+    if rope_type == "yarn":
+        for key in ("attention_factor", "mscale", "mscale_all_dim"):
+            if params.get(key) is not None:
+                params[key] = _param_number(params, key, low=0.0, strict=False)
+        for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+            # transformers: `rope_parameters.get(key) or default`
+            value = params.get(key) or default
+            params[key] = _param_number({key: value}, key, low=0.0)
+        if not isinstance(params.setdefault("truncate", True), bool):
+            raise TypeError(
+                f"scaling['truncate'] must be True or False, got {params['truncate']!r}"
+            )
+    if rope_type == "llama3":
+        for key in ("low_freq_factor", "high_freq_factor"):
+            if key not in params:
+                raise ValueError(f"rope_type 'llama3' needs scaling[{key!r}]")
+            params[key] = _param_number(params, key, low=0.0)
+        if params["high_freq_factor"] <= params["low_freq_factor"]:
+            raise ValueError(
+                "scaling['high_freq_factor'] must be > scaling['low_freq_factor'], "
+                f"got {params['high_freq_factor']} and {params['low_freq_factor']}"
+            )
+    if rope_type == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if key not in params:
+                raise ValueError(
+                    f"rope_type 'longrope' needs scaling[{key!r}] (one factor per "
+                    "pair of channels)"
+                )
+            params[key] = _param_list(params, key, ints=False)
+        if params.get("attention_factor") is not None:
+            params["attention_factor"] = _param_number(
+                params, "attention_factor", low=0.0, strict=False
+            )
+    return params
+
+
+def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
+    """The number of rotated channels: ``rotary_dim``, or ``int(head_dim *
+    partial_rotary_factor)`` as transformers computes it, or ``head_dim``."""
+    factor = params.get("partial_rotary_factor")
+    if factor is None:
+        return _check_rotary_dim(rotary_dim, head_dim)
+    from_factor = int(head_dim * factor)
+    if (
+        rotary_dim is not None
+        and _check_rotary_dim(rotary_dim, head_dim) != from_factor
+    ):
+        raise ValueError(
+            f"rotary_dim={rotary_dim} disagrees with scaling['partial_rotary_factor']="
+            f"{factor} (int({head_dim} * {factor}) = {from_factor}); pass only one"
+        )
+    if from_factor < 2 or from_factor % 2:
+        raise ValueError(
+            f"int(head_dim * partial_rotary_factor) = int({head_dim} * {factor}) = "
+            f"{from_factor} must be a positive even number of channels"
+        )
+    return from_factor
+
+
+def _frequencies(dim: int, params: dict[str, Any], seq_len: int | None) -> Tensor:
+    """float64 ω_i of the rotation for ``params`` (from ``_rope_parameters``),
+    ``[dim / 2]``: chapter 10 derives each type from ω_i = base^(-2i/dim)."""
+    rope_type, base = params["rope_type"], params["rope_theta"]
+    if rope_type == "dynamic":
+        if dim < 4:
+            raise ValueError(
+                f"dynamic NTK needs at least 4 rotated channels, got {dim}"
+            )
+        # the base grows with the sequence: (s n / L - (s - 1))^(d / (d - 2))
+        length, s = params["max_position_embeddings"], params["factor"]
+        n = length if seq_len is None else max(seq_len, length)
+        base = base * ((s * n / length) - (s - 1)) ** (dim / (dim - 2))
+    omega = _omega(dim, base, "paper")  # base^(-2i/d)
+    if rope_type == "linear":  # position interpolation: every pair slowed by s
+        return omega / params["factor"]
+    if rope_type == "yarn":
+        return _yarn(omega, dim, base, params)
+    if rope_type == "llama3":
+        return _llama3(omega, params)
+    if rope_type == "longrope":  # per-pair factors, long ones past the original length
+        original = params["original_max_position_embeddings"]
+        long = seq_len is not None and seq_len > original
+        factors = params["long_factor" if long else "short_factor"]
+        if len(factors) != dim // 2:
+            key = "long_factor" if long else "short_factor"
+            raise ValueError(
+                f"scaling[{key!r}] must hold one factor per pair of rotated channels "
+                f"({dim // 2} for {dim} channels), got {len(factors)}"
+            )
+        return omega / torch.tensor(factors, dtype=torch.float64)
+    return omega
+
+
+def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tensor:
+    """YaRN: pairs that turn more than beta_fast times over the original context
+    keep ω_i, those that turn fewer than beta_slow times take ω_i / s, a linear
+    ramp in between (transformers' ``_compute_yarn_parameters``, in float64)."""
+    s, original = params["factor"], params["original_max_position_embeddings"]
+
+    def pair_of(turns: float) -> float:  # the pair i that turns `turns` times
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_of(params["beta_fast"]), pair_of(params["beta_slow"])
+    if params["truncate"]:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no division by zero
+    i = torch.arange(dim // 2, dtype=torch.float64)
+    ramp = ((i - low) / (high - low)).clamp(0, 1)  # 0: keep ω_i, 1: ω_i / s
+    return omega / s * ramp + omega * (1 - ramp)
+
+
+def _llama3(omega: Tensor, params: dict[str, Any]) -> Tensor:
+    """Llama 3.1: wavelengths above L / low_freq_factor slowed by s, below
+    L / high_freq_factor kept, blended in between (L = the original context)."""
+    s, original = params["factor"], params["original_max_position_embeddings"]
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    wavelength = 2 * math.pi / omega
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * omega / s + smooth * omega
+    slowed = torch.where(wavelength > original / low, omega / s, omega)
+    medium = (wavelength >= original / high) & (wavelength <= original / low)
+    return torch.where(medium, blended, slowed)
+
+
+def _attention_factor(params: dict[str, Any]) -> float:
+    """The factor transformers multiplies cos and sin by (YaRN, LongRoPE), as a
+    Python float computed by the same expression: 1.0 for the other types."""
+    rope_type = params["rope_type"]
+    if rope_type not in ("yarn", "longrope"):
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    s = params["factor"]
+    if rope_type == "longrope":
+        original = params["original_max_position_embeddings"]
+        return 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(original))
+
+    def mscale(scale: float, m: float = 1) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+    if m and m_all:
+        return float(mscale(s, m) / mscale(s, m_all))
+    return mscale(s)
+
+
+def rotary_frequencies(
+    head_dim: int,
+    *,
+    base: float | None = None,
+    scaling: Mapping[str, Any] | None = None,
+    seq_len: int | None = None,
+) -> tuple[Tensor, float]:
+    """The frequencies ω_i of rotary embeddings, in float64, and the attention factor.
+
+    Pair i at position p turns by the angle θ_{p,i} = p·ω_i. Without ``scaling``,
+    ω_i = base^(-2i/d) with d the rotated channels. ``scaling`` is a Hugging Face
+    ``rope_parameters`` (or ``rope_scaling``) dict as copied from a model config;
+    its ``rope_type`` selects how the ω_i change:
+
+    - ``"default"``: unchanged (``"mrope"``, Qwen2-VL's name, is the same);
+    - ``"linear"``: ω_i / factor (position interpolation);
+    - ``"dynamic"``: NTK-aware, the base raised to base·(s·n/L − (s − 1))^(d/(d−2))
+      for a sequence of n > L tokens (L = ``max_position_embeddings``, s = factor);
+    - ``"yarn"``: fast pairs kept, slow pairs divided by the factor, a ramp between
+      (``beta_fast``, ``beta_slow``); attention factor 0.1·ln(s) + 1 unless given;
+    - ``"llama3"``: Llama 3.1's wavelength bands (``low_freq_factor``,
+      ``high_freq_factor``, ``original_max_position_embeddings``);
+    - ``"longrope"``: ω_i / short_factor[i], or / long_factor[i] once the sequence
+      exceeds ``original_max_position_embeddings`` (Phi-3); attention factor
+      √(1 + ln s / ln L_orig) unless given.
+
+    Each agrees with transformers 5.23's ``ROPE_INIT_FUNCTIONS`` on the same dict to
+    the rounding of transformers' own float32 arithmetic: a relative difference of
+    at most (ln(base) + 6)·2^-24, plus 2(s + 1)·2^-24 for yarn and
+    (s − 1)(1 + 4h/(h − l))·2^-24 for llama3, whose float32 blend weights matter
+    where the result is ω_i / s (derived in chapter 10, tested); the attention
+    factor is the same Python float. ``max_position_embeddings``, which transformers
+    reads from the model config rather than from this dict, may be added to it
+    (``dynamic`` needs it; the others fall back on it as transformers does).
+
+    Args:
+        head_dim: channels per attention head; with ``partial_rotary_factor`` in
+            ``scaling``, ``int(head_dim * partial_rotary_factor)`` are rotated.
+        base: the base of the progression, a number > 1; default 10000.0, or
+            ``scaling['rope_theta']``.
+        scaling: a ``rope_parameters`` dict, or None for the default rotation.
+        seq_len: the sequence length (largest position + 1) that ``dynamic`` and
+            ``longrope`` adapt to; None: transformers' value at initialisation.
+
+    Returns:
+        ``(frequencies, attention_factor)``: a float64 tensor ``[d / 2]`` (CPU), d
+        the rotated channels, and a float.
+    """
+    params = _rope_parameters(scaling, base)
+    fix = "pass e.g. head_dim=128"
+    head_dim = _check_int("head_dim", head_dim, fix)
+    if head_dim < 2:
+        raise ValueError(f"head_dim must be a positive int >= 2, got {head_dim}; {fix}")
+    if seq_len is not None:
+        seq_len = _check_int("seq_len", seq_len, "pass e.g. seq_len=8192")
+    dim = _rotated_width(head_dim, params, None)
+    if dim % 2:
+        raise ValueError(
+            f"head_dim must be even to rotate all its channels in pairs, got {dim}; "
+            "pass an even head_dim or a partial_rotary_factor in scaling"
+        )
+    return _frequencies(dim, params, seq_len), _attention_factor(params)
+
+
+def _frozen(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """``params`` as a sorted tuple of items (lists as tuples): hashable, and a
+    constant for torch.compile."""
+    return tuple(
+        sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items())
+    )
+
+
+def _frequencies_of(
+    widths: Sequence[int],
+    description: str,
+    seq_len: int | None,
+    sections: Sequence[int] = (),
+) -> Tensor:
+    """The float64 ω_i of every axis, concatenated (one axis: one width), from
+    ``_Rope.description``: ``[sum(widths) / 2]``, or with ``sections`` the
+    ``[axes, sum(widths) / 2]`` of ``_per_axis``."""
+    params = {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in ast.literal_eval(description)
+    }
+    omega = torch.cat([_frequencies(int(w), params, seq_len) for w in widths])
+    return _per_axis(omega, sections) if sections else omega
+
+
+def _per_axis(omega: Tensor, sections: Sequence[int]) -> Tensor:
+    """``[axes, r / 2]``: row a holds ω_i on the pairs of section a, 0 elsewhere."""
+    rows, start = torch.zeros(len(sections), omega.shape[0], dtype=omega.dtype), 0
+    for axis, pairs in enumerate(sections):
+        rows[axis, start : start + pairs] = omega[start : start + pairs]
+        start += pairs
+    return rows
+
+
+def _check_axes_dim(axes_dim: object, rotary_dim: int) -> tuple[int, ...]:
+    fix = f"e.g. axes_dim=[{rotary_dim // 2}, {rotary_dim // 2}] for an image grid"
+    if not (
+        isinstance(axes_dim, (list, tuple))
+        and axes_dim
+        and all(isinstance(d, int) and not isinstance(d, bool) for d in axes_dim)
+        and all(d >= 2 and d % 2 == 0 for d in axes_dim)
+        and sum(axes_dim) == rotary_dim
+    ):
+        raise ValueError(
+            f"axes_dim must be a list of positive even ints (channels per axis) "
+            f"summing to the {rotary_dim} rotated channels, got {axes_dim!r}; {fix}"
+        )
+    return tuple(axes_dim)
+
+
+class _Rope:
+    """The checked settings of a rotary embedding: width, layout, the split of the
+    pairs over the position axes, the frequencies and the attention factor."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        *,
+        base: object,
+        layout: object,
+        rotary_dim: object,
+        scaling: object,
+        axes_dim: object,
+    ) -> None:
+        self.params = _rope_parameters(scaling, base)
+        self.layout = _check_choice("layout", layout, ROTARY_LAYOUTS)
+        self.rotary_dim = _rotated_width(head_dim, self.params, rotary_dim)
+        sections = self.params.get("mrope_section")
+        rope_type = self.params["rope_type"]
+        self.widths: tuple[int, ...] = (self.rotary_dim,)
+        if axes_dim is not None:
+            if sections is not None:
+                raise ValueError(
+                    "pass either axes_dim (each axis its own frequencies: Flux, "
+                    "EVA) or scaling['mrope_section'] (one set split over the axes: "
+                    "Qwen2-VL), not both"
+                )
+            self.widths = _check_axes_dim(axes_dim, self.rotary_dim)
+            if rope_type not in ("default", "linear"):
+                raise ValueError(
+                    f"axes_dim supports rope_type 'default' and 'linear', got "
+                    f"{rope_type!r}"
+                )
+            sections = [width // 2 for width in self.widths]
+        elif sections is not None and sum(sections) != self.rotary_dim // 2:
+            raise ValueError(
+                f"scaling['mrope_section'] must split the {self.rotary_dim // 2} pairs "
+                f"of the {self.rotary_dim} rotated channels, got {sections} (sum "
+                f"{sum(sections)})"
+            )
+        #: pairs per position axis, () for one axis
+        self.sections: tuple[int, ...] = tuple(sections or ())
+        #: dynamic and longrope change their frequencies with the sequence length
+        self.static = rope_type not in ("dynamic", "longrope")
+        self.attention = _attention_factor(self.params)
+        #: the parameters as a string, for the table operator under torch.compile
+        self.description = repr(_frozen(self.params))
+        self._initial: Tensor | None = None  # computed when first needed (eagerly)
+
+    def frequencies_at(self, seq_len: int | None, per_axis: bool = True) -> Tensor:
+        """float64 ω_i ``[rotary_dim / 2]`` for a sequence of ``seq_len`` tokens
+        (with several axes and ``per_axis``: ``[axes, rotary_dim / 2]``)."""
+        if self.static or seq_len is None:
+            if self._initial is None:
+                self._initial = _frequencies_of(
+                    self.widths, self.description, None, self.sections
+                )
+            omega = self._initial
+        else:
+            omega = _frequencies_of(
+                self.widths, self.description, seq_len, self.sections
+            )
+        return omega if per_axis or not self.sections else omega.sum(0)
+
+    def initial(self, seq_len: int | None) -> bool:
+        """Whether the frequencies at ``seq_len`` are the initial (cached) ones."""
+        if self.static or seq_len is None:
+            return True
+        if self.params["rope_type"] == "longrope":
+            return seq_len <= self.params["original_max_position_embeddings"]
+        return seq_len <= self.params["max_position_embeddings"]

@@ -1,13 +1,16 @@
-"""The two classic implementations, restated for comparison (tests and benchmarks import them from here).
+"""The classic implementations, restated for comparison (tests, benchmarks and chapters import them from here).
 
 - labml_nn, ``labml_nn/transformers/positional_encoding.py``: ``get_positional_encoding`` and
   ``PositionalEncoding(d_model, dropout_prob, max_len=5000)``, table in a non-persistent buffer
-  ``positional_encodings``.
-- spotpython, ``spotpython/light/transformer/positionalEncoding.py`` (the PyTorch tutorial's module):
-  ``PositionalEncoding(d_model, dropout_prob, max_len)``, table in a persistent buffer ``pe``.
+  ``positional_encodings`` (so ``state_dict()`` is empty; labml's ``EmbeddingsWithPositionalEncoding`` in
+  ``labml_nn/transformers/models.py`` saves a buffer of that name).
+- the PyTorch tutorial "Language Modeling with nn.Transformer" (``beginner_source/transformer_tutorial.py``):
+  ``PositionalEncoding(d_model, dropout=0.1, max_len=5000)``, table in a persistent buffer ``pe``.
+- spotpython, ``spotpython/light/transformer/positionalEncoding.py``: the tutorial's module with ``dropout`` named
+  ``dropout_prob`` and ``max_len=12552`` by default.
 
-labml computes the angles in float32, spotpython in torch's default dtype (float32 by default); both expect x as
-``[seq_len, batch, d_model]`` with even ``d_model``.
+labml computes the angles in float32, the tutorial and spotpython in torch's default dtype (float32 by default);
+all expect x as ``[seq_len, batch, d_model]`` with even ``d_model``.
 """
 
 from __future__ import annotations
@@ -48,12 +51,12 @@ class LabmlPositionalEncoding(nn.Module):
         return x
 
 
-class SpotpythonPositionalEncoding(nn.Module):
-    """spotpython's module (the PyTorch tutorial's). x: ``[seq_len, batch, d_model]``."""
+class TutorialPositionalEncoding(nn.Module):
+    """The PyTorch tutorial's module. x: ``[seq_len, batch, d_model]``."""
 
-    def __init__(self, d_model: int, dropout_prob: float, max_len: int = 12552) -> None:
+    def __init__(self, d_model: int, dropout: float = 0.1, max_len: int = 5000) -> None:
         super().__init__()
-        self.dropout = nn.Dropout(p=dropout_prob)
+        self.dropout = nn.Dropout(p=dropout)
         position = torch.arange(max_len).unsqueeze(1)
         div_term = torch.exp(
             torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model)
@@ -66,3 +69,11 @@ class SpotpythonPositionalEncoding(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.pe[: x.size(0)]
         return self.dropout(x)
+
+
+class SpotpythonPositionalEncoding(TutorialPositionalEncoding):
+    """spotpython's module: the tutorial's, with ``dropout`` named ``dropout_prob`` and a longer default table.
+    x: ``[seq_len, batch, d_model]``."""
+
+    def __init__(self, d_model: int, dropout_prob: float, max_len: int = 12552) -> None:
+        super().__init__(d_model, dropout_prob, max_len)

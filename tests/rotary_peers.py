@@ -1,108 +1,153 @@
-"""The rotary implementations people use, restated in plain torch, and an independent float64 reference.
+"""Rotary peers: the real packages where they install, restatements only where they do not, and a float64 reference.
 
-tests/test_rotary.py checks posenc against each recipe (with the matching layout), and book/10_rotary.ipynb
-measures their precision. Each function cites the source file it restates; shapes are as in the source.
+tests/test_rotary_peers.py (and book/10_rotary.ipynb, benchmarks/bench_rotary.py) compare posenc with the installed
+packages themselves, built here from a config as a model would build them (imported inside the functions, so that
+tests/test_rotary.py, which runs on the torch floor without them, can import this file):
 
-- Hugging Face transformers, ``src/transformers/models/llama/modeling_llama.py``: ``LlamaRotaryEmbedding``
-  (``inv_freq`` in float32, ``freqs = inv_freq @ position_ids.float()``, ``emb = cat(freqs, freqs)``, cos and
-  sin in float32 then cast to x's dtype), ``rotate_half`` and ``apply_rotary_pos_emb``: the "half" layout.
-  Partial rotary as in ``models/gpt_neox/modeling_gpt_neox.py``: rotate ``q[..., :rotary_ndims]``, concatenate
-  the rest.
-- Meta's Llama reference code, ``llama/model.py`` (github.com/meta-llama/llama): ``precompute_freqs_cis``
-  (``torch.polar`` of float32 angles, complex64), ``reshape_for_broadcast``, ``apply_rotary_emb`` on x viewed as
-  complex pairs: the "interleaved" layout, x as ``[batch, seq_len, heads, head_dim]``.
-- lucidrains' rotary-embedding-torch, ``rotary_embedding_torch/rotary_embedding_torch.py``:
-  ``RotaryEmbedding.rotate_queries_or_keys`` (positions ``arange(seq_len, dtype=t.dtype) + offset`` divided by
-  ``interpolate_factor``, angles by ``einsum`` in float32, each repeated for the two channels of a pair) and
-  ``apply_rotary_emb`` with ``rotate_half`` on interleaved pairs (``rearrange('... (d r) -> ... d r', r=2)``).
-- Reduced-precision angle recipes, as reported in EleutherAI/gpt-neox issue #1003: ``inv_freq`` cast to float16
-  (or bfloat16) with the model, positions ``arange(seq_len).type_as(inv_freq)``, ``einsum('i,j->ij')`` in that
-  dtype, cos and sin of the half-precision angles.
+- Hugging Face transformers 5.23 (``LlamaRotaryEmbedding``, ``ROPE_INIT_FUNCTIONS``, ``apply_rotary_pos_emb``);
+- rotary-embedding-torch 0.9.1 (lucidrains), diffusers 0.42.1 (Flux), timm 1.0.31 (via tests/peers.py).
+
+Restated, because they are not installable packages:
+
+- Meta's Llama reference code, ``llama/model.py`` of github.com/meta-llama/llama at commit
+  8580eb9a896bdb82d376b7040d18a2e7b402b10f: ``precompute_freqs_cis`` (``torch.polar`` of float32 angles, complex64),
+  ``reshape_for_broadcast``, ``apply_rotary_emb`` on x viewed as complex pairs: the "interleaved" layout, x as
+  ``[batch, seq_len, heads, head_dim]`` (the repository needs fairscale and CUDA and is not a pip package);
+- the reduced-precision angle recipe reported in EleutherAI/gpt-neox issue #1003 (a reproducer in an issue thread,
+  not a package): ``inv_freq`` cast to float16 (or bfloat16) with the model, positions
+  ``arange(seq_len).type_as(inv_freq)``, ``einsum('i,j->ij')`` in that dtype, cos and sin of the half-precision
+  angles.
 """
 
 from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+#: Llama 3.1's rope_scaling and rope_theta, as in its config.json (max_position_embeddings there: 131072)
+LLAMA31: dict[str, Any] = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+}
+
 # ----------------------------------------------------------------------------------------------------------
-# Hugging Face transformers: LlamaRotaryEmbedding + rotate_half + apply_rotary_pos_emb ("half" layout)
+# Hugging Face transformers (the installed package): a config, its rotary module and its init functions
 # ----------------------------------------------------------------------------------------------------------
 
 
-def hf_inv_freq(dim: int, base: float = 10000.0) -> Tensor:
-    """``LlamaRotaryEmbedding.__init__``: ``[dim / 2]`` float32."""
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+def hf_config(
+    head_dim: int,
+    rope_parameters: Mapping[str, Any] | None = None,
+    max_position_embeddings: int = 8192,
+    **extra: Any,
+) -> Any:
+    """A ``LlamaConfig`` with this head width and ``rope_parameters`` (copied), 4 heads. A
+    ``max_position_embeddings`` key in the dict (posenc reads the config's field from there) becomes the
+    config's own field, as in a model's config.json."""
+    from transformers import LlamaConfig
 
-
-def hf_cos_sin(
-    position_ids: Tensor,
-    dim: int,
-    dtype: torch.dtype = torch.float32,
-    base: float = 10000.0,
-    scaling_factor: float = 1.0,
-) -> tuple[Tensor, Tensor]:
-    """``LlamaRotaryEmbedding.forward`` (and ``LlamaLinearScalingRotaryEmbedding`` for ``scaling_factor != 1``).
-
-    Args:
-        position_ids: ``[batch, seq_len]`` integer positions.
-        dim: rotated channels.
-        dtype: x's dtype, to which cos and sin are cast.
-
-    Returns:
-        ``(cos, sin)``, each ``[batch, seq_len, dim]``.
-    """
-    inv_freq = hf_inv_freq(dim, base).to(position_ids.device)
-    if scaling_factor != 1.0:
-        position_ids = position_ids.float() / scaling_factor
-    inv_freq_expanded = (
-        inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+    params = copy.deepcopy(dict(rope_parameters or {"rope_type": "default"}))
+    params.setdefault("rope_theta", 10000.0)
+    max_position_embeddings = params.pop(
+        "max_position_embeddings", max_position_embeddings
     )
-    position_ids_expanded = position_ids[:, None, :].float()
-    freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype=dtype), emb.sin().to(dtype=dtype)
+    return LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=params,
+        **extra,
+    )
 
 
-def hf_rotate_half(x: Tensor) -> Tensor:
-    """``rotate_half``: ``[..., d] -> [..., d]``."""
-    x1 = x[..., : x.shape[-1] // 2]
-    x2 = x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
+def hf_rotary_embedding(
+    head_dim: int,
+    rope_parameters: Mapping[str, Any] | None = None,
+    max_position_embeddings: int = 8192,
+) -> Any:
+    """transformers' ``LlamaRotaryEmbedding`` for that config: ``(x, position_ids [batch, seq]) -> (cos, sin)``,
+    each ``[batch, seq, head_dim]`` in x's dtype."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaRotaryEmbedding(
+        hf_config(head_dim, rope_parameters, max_position_embeddings)
+    )
 
 
-def hf_apply_rotary_pos_emb(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1
-) -> tuple[Tensor, Tensor]:
-    """``apply_rotary_pos_emb``: q, k ``[batch, heads, seq_len, dim]``, cos, sin ``[batch, seq_len, dim]``."""
-    cos = cos.unsqueeze(unsqueeze_dim)
-    sin = sin.unsqueeze(unsqueeze_dim)
-    q_embed = (q * cos) + (hf_rotate_half(q) * sin)
-    k_embed = (k * cos) + (hf_rotate_half(k) * sin)
-    return q_embed, k_embed
+def hf_inv_freq(
+    head_dim: int,
+    rope_parameters: Mapping[str, Any] | None = None,
+    max_position_embeddings: int = 8192,
+    seq_len: int | None = None,
+) -> tuple[Tensor, float]:
+    """``ROPE_INIT_FUNCTIONS[rope_type](config, 'cpu', seq_len=...)`` (or the model's default function): the
+    float32 ``inv_freq [d / 2]`` and the attention factor, exactly as transformers computes them."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = hf_config(head_dim, rope_parameters, max_position_embeddings)
+    rope_type = config.rope_parameters["rope_type"]
+    if rope_type == "default":
+        return LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", seq_len=seq_len)
 
 
 def hf_rope(
     x: Tensor,
     position_ids: Tensor,
     rotary_dim: int | None = None,
-    base: float = 10000.0,
-    scaling_factor: float = 1.0,
+    rope_parameters: Mapping[str, Any] | None = None,
 ) -> Tensor:
-    """The whole Hugging Face path for one tensor x ``[batch, heads, seq_len, head_dim]``, partial rotary as in
-    GPT-NeoX's modeling code (rotate the first ``rotary_dim`` channels, concatenate the rest)."""
+    """The whole Hugging Face path for one tensor x ``[batch, heads, seq_len, head_dim]``: the rotary module's
+    tables in x's dtype, then GPT-NeoX's ``apply_rotary_pos_emb`` (which rotates the first ``rotary_dim``
+    channels and passes the rest; Llama's is the same for ``rotary_dim = head_dim``)."""
+    from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb
+
     rotary_dim = rotary_dim or x.shape[-1]
     if position_ids.dim() == 1:
         position_ids = position_ids.expand(x.shape[0], -1)
-    cos, sin = hf_cos_sin(position_ids, rotary_dim, x.dtype, base, scaling_factor)
-    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-    x_rot, _ = hf_apply_rotary_pos_emb(x_rot, x_rot, cos, sin)
-    return torch.cat((x_rot, x_pass), dim=-1)
+    module = hf_rotary_embedding(rotary_dim, rope_parameters, 1 << 22)
+    cos, sin = module(x, position_ids)
+    out, _ = apply_rotary_pos_emb(x, x, cos, sin)
+    return out
+
+
+def hf_frequency_bound(rope_parameters: Mapping[str, Any]) -> float:
+    """The relative difference allowed between transformers' float32 ``inv_freq`` and posenc's float64 omega_i
+    for this dict (book/10_rotary.ipynb derives it): ``2**-24 * K`` with
+
+    - K = ln(base) + 6 for every type: the float32 exponent 2i/d (its rounding moves base^(2i/d) by up to
+      ln(base) * 2**-24), the power, the reciprocal, the factor or per-pair factor and its division;
+    - plus 2 (s + 1) for yarn: the float32 ramp weights, each off by up to 2**-23, amplified by up to s where the
+      result is omega_i / s;
+    - plus (s - 1)(1 + 4 h / (h - l)) for llama3: the float32 wavelength and blend weight
+      (L / wavelength - l) / (h - l), amplified by up to s - 1 in the blended band.
+    """
+    base = float(rope_parameters.get("rope_theta", 10000.0))
+    rope_type = rope_parameters.get("rope_type", rope_parameters.get("type", "default"))
+    k = float(np.log(base)) + 6
+    s = float(rope_parameters.get("factor") or 1.0)
+    if rope_type == "yarn":
+        k += 2 * (s + 1)
+    if rope_type == "llama3":
+        low = float(rope_parameters["low_freq_factor"])
+        high = float(rope_parameters["high_freq_factor"])
+        k += (s - 1) * (1 + 4 * high / (high - low))
+    return k * 2.0**-24
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Meta's Llama reference code: complex formulation ("interleaved" layout)
+# Meta's Llama reference code (restated: not installable): complex formulation ("interleaved" layout)
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -149,48 +194,7 @@ def llama_rope(x: Tensor, start_pos: int = 0, base: float = 10000.0) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# lucidrains' rotary-embedding-torch: rotate_queries_or_keys ("interleaved" layout)
-# ----------------------------------------------------------------------------------------------------------
-
-
-def lucidrains_rotate_half(x: Tensor) -> Tensor:
-    """``rotate_half`` on interleaved pairs: ``rearrange(x, '... (d r) -> ... d r', r=2)``, ``(-x2, x1)``, back."""
-    x = x.unflatten(-1, (-1, 2))
-    x1, x2 = x.unbind(dim=-1)
-    x = torch.stack((-x2, x1), dim=-1)
-    return x.flatten(-2)
-
-
-def lucidrains_rotate_queries_or_keys(
-    t: Tensor,
-    dim: int,
-    offset: int = 0,
-    theta: float = 10000.0,
-    interpolate_factor: float = 1.0,
-) -> Tensor:
-    """``RotaryEmbedding(dim, theta=theta, interpolate_factor=...).rotate_queries_or_keys(t, offset=offset)``
-    with ``t`` ``[..., seq_len, head_dim]`` (``seq_dim=-2``); the first ``dim`` channels are rotated."""
-    dtype, seq_len = t.dtype, t.shape[-2]
-    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
-    # get_seq_pos: the positions in t's dtype
-    seq = (
-        torch.arange(seq_len, device=t.device, dtype=dtype) + offset
-    ) / interpolate_factor
-    # forward: einsum('..., f -> ... f', t.type(freqs.dtype), freqs), repeat '... n -> ... (n r)', r=2
-    freqs = torch.einsum("..., f -> ... f", seq.type(freqs.dtype), freqs.to(t.device))
-    freqs = freqs.repeat_interleave(2, dim=-1)
-    # apply_rotary_emb(freqs, t, start_index=0, scale=1.0)
-    rot_dim = freqs.shape[-1]
-    t_left, t_middle, t_right = t[..., :0], t[..., :rot_dim], t[..., rot_dim:]
-    t_transformed = (t_middle * freqs.cos() * 1.0) + (
-        lucidrains_rotate_half(t_middle) * freqs.sin() * 1.0
-    )
-    out = torch.cat((t_left, t_transformed, t_right), dim=-1)
-    return out.type(dtype)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Angles formed in half precision (gpt-neox issue #1003): "half" layout tables
+# Angles formed in half precision (gpt-neox issue #1003, restated): "half" layout tables
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -219,18 +223,21 @@ def numpy_rotation(
     rotary_dim: int | None = None,
     base: float = 10000.0,
     layout: str = "interleaved",
-    scale: float = 1.0,
+    frequencies: Tensor | np.ndarray | None = None,
 ) -> np.ndarray:
     """The rotation of x ``[..., seq_len, head_dim]`` at positions ``[seq_len]`` or ``[batch, seq_len]``, in
-    float64 NumPy: a code path independent of posenc's (NumPy's pow, sin, cos). Returns a float64 array of x's
-    shape."""
+    float64 NumPy: a code path independent of posenc's (NumPy's pow, sin, cos). ``frequencies`` (``[r / 2]``)
+    replaces ``base^(-2i/r)``, e.g. by a scaled set. Returns a float64 array of x's shape."""
     xs = x.detach().cpu().double().numpy()
     d = xs.shape[-1]
     r = rotary_dim or d
-    p = positions.detach().cpu().numpy().astype(np.float64) / scale
+    p = positions.detach().cpu().numpy().astype(np.float64)
     if p.ndim == 2:  # [batch, seq_len] -> [batch, 1, ..., seq_len]
         p = p.reshape(p.shape[0], *([1] * (xs.ndim - 3)), p.shape[1])
-    omega = np.power(base, -2.0 * np.arange(r // 2) / r)
+    if frequencies is None:
+        omega = np.power(base, -2.0 * np.arange(r // 2) / r)
+    else:
+        omega = np.asarray(frequencies, dtype=np.float64)
     theta = p[..., None] * omega  # [..., seq_len, r / 2]
     c, s = np.cos(theta), np.sin(theta)
     if layout == "interleaved":

@@ -15,14 +15,41 @@ def test_variants_rotate_alike_and_move_the_stated_bytes():
         (1, 4, 3, 16), 5, torch.device("cpu"), compiled=False
     )
     with torch.no_grad():
-        hf_q, hf_k = variants["hf"]()
-        for name in ("hf_with_tables", "posenc", "posenc_apply"):
-            q, k = variants[name]()
-            # the same rotation; posenc's exact table differs from HF's float32 angles by rounding
-            torch.testing.assert_close(q, hf_q, rtol=0, atol=1e-5)
-            torch.testing.assert_close(k, hf_k, rtol=0, atol=1e-5)
+        # each posenc variant against transformers with the same settings; posenc's exact
+        # tables differ from transformers' float32 angles by rounding
+        for hf, names in (
+            ("hf", ("hf_with_tables", "posenc", "posenc_apply")),
+            ("hf_llama3", ("posenc_llama3",)),
+            ("hf_mrope", ("posenc_mrope",)),
+        ):
+            hf_q, hf_k = variants[hf]()
+            for name in names:
+                q, k = variants[name]()
+                torch.testing.assert_close(q, hf_q, rtol=0, atol=1e-5)
+                torch.testing.assert_close(k, hf_k, rtol=0, atol=1e-5)
+        # llama3 scaling and M-RoPE positions really change the rotation
+        assert not torch.allclose(
+            variants["posenc_llama3"]()[0], variants["posenc"]()[0]
+        )
+        assert not torch.allclose(
+            variants["posenc_mrope"]()[0], variants["posenc"]()[0]
+        )
     # read q, k (4 bytes each) and two table rows; write two outputs
     assert set(moved.values()) == {2 * 2 * 1 * 4 * 3 * 16 * 4 + 2 * 3 * 16 * 4}
+
+
+def test_mrope_positions_are_text_then_an_image_grid():
+    p = bench_rotary.mrope_positions(40, 0, torch.device("cpu"))
+    assert p.shape == (3, 1, 40)
+    assert torch.equal(p[0, 0, :10], torch.arange(10)) and torch.equal(
+        p[:, 0, :10], p[:1, 0, :10].expand(3, -1)
+    )
+    image = p[:, 0, 10:26]  # a 4 x 4 grid at time 10
+    assert (image[0] == 10).all() and torch.equal(
+        image[1], 10 + torch.arange(4).repeat_interleave(4)
+    )
+    assert torch.equal(image[2], 10 + torch.arange(4).repeat(4))
+    assert (bench_rotary.mrope_positions(1, 2047, torch.device("cpu")) == 2047).all()
 
 
 def test_time_shape_reports_paired_ratios():
@@ -32,19 +59,42 @@ def test_time_shape_reports_paired_ratios():
     )  # fmt: skip
     assert res["rounds"] == 5 and res["first_position"] == 7
     assert set(res["speedup_over_hf"]) == {
-        "roofline_copy", "hf_with_tables", "posenc", "posenc_apply"
+        "roofline_copy", "hf_with_tables", "posenc", "posenc_apply",
+        "hf_llama3", "posenc_llama3", "hf_mrope", "posenc_mrope",
     }  # fmt: skip
+    assert set(res["speedup_over_hf_same_scaling"]) == {"posenc_llama3", "posenc_mrope"}
     for name, value in res["speedup_over_hf"].items():
         low, high = res["speedup_over_hf_quartiles"][name]
         assert 0 < low <= value <= high
     assert res["speedup_over_hf_compiled"] == {}
 
 
-def _result(eager: float, compiled: float) -> dict:
+def test_before_after_times_a_git_revision_beside_the_working_tree():
+    out = bench_rotary.time_before_after(
+        "HEAD", torch.device("cpu"), seconds=0.0, block_s=2e-4,
+        shapes={(1, 2, 1, 16): (7, "tiny"), (1, 2, 5, 16): (0, "tiny")}, min_rounds=5,
+    )  # fmt: skip
+    assert out["revision"] == "HEAD" and len(out["revision_commit"]) == 40
+    for res in out["results"]:
+        assert res["rounds"] == 5 and set(res["before_over_after"]) == {
+            "module",
+            "apply",
+        }
+        for name, value in res["before_over_after"].items():
+            low, high = res["before_over_after_quartiles"][name]
+            assert 0 < low <= value <= high
+        assert isinstance(res["bitwise_equal"], bool)
+
+
+def _result(eager: float, compiled: float, scaled: float = 1.2) -> dict:
     return {
         "device": "cpu",
         "shape": [1, 32, 1, 128],
         "speedup_over_hf": {"posenc": eager, "posenc_apply": eager, "hf_compiled": 9.0},
+        "speedup_over_hf_same_scaling": {
+            "posenc_llama3": scaled,
+            "posenc_mrope": scaled,
+        },
         "speedup_over_hf_compiled": {
             "posenc_compiled": compiled,
             "posenc_apply_compiled": compiled,
@@ -53,15 +103,16 @@ def _result(eager: float, compiled: float) -> dict:
     }
 
 
-def test_goals_allow_three_percent_and_pair_compiled_with_compiled():
+def test_goals_allow_three_percent_and_pair_like_with_like():
     met = bench_rotary.goals([_result(0.975, 1.4)])
     assert [g["goal"].split()[0] for g in met] == [
-        "posenc", "posenc_apply", "posenc_compiled", "posenc_apply_compiled"
+        "posenc", "posenc_apply", "posenc_llama3", "posenc_mrope", "posenc_compiled", "posenc_apply_compiled"
     ]  # fmt: skip
     assert all(g["met"] for g in met)
-    assert [g["value"] for g in met] == [0.975, 0.975, 1.4, 1.4]  # compiled: paired
-    missed = bench_rotary.goals([_result(0.965, 0.9)])
+    assert [g["value"] for g in met] == [0.975, 0.975, 1.2, 1.2, 1.4, 1.4]  # paired
+    assert "hf_llama3 eager" in met[2]["goal"] and "hf_mrope eager" in met[3]["goal"]
+    missed = bench_rotary.goals([_result(0.965, 0.9, 0.96)])
     assert not any(g["met"] for g in missed)
     eager_only = _result(1.1, 1.0)
     del eager_only["speedup_over_hf_compiled"]
-    assert len(bench_rotary.goals([eager_only])) == 2
+    assert len(bench_rotary.goals([eager_only])) == 4

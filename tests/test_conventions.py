@@ -7,7 +7,7 @@ as derived. Restated (not copied) from:
   exp(-i ln(10000) / (d//2 - 1)), a zero channel for odd d, row ``padding_idx`` zeroed;
 - tensor2tensor ``common_attention.get_timing_signal_1d``: concat, inv_timescales min * exp(-i ln(max/min) /
   max(d//2 - 1, 1)), zero padding for odd d, positions ``arange(length) + start_index``;
-- Hugging Face ``MarianSinusoidalPositionalEmbedding.create_weight`` (transformers 5.24.0; the same arithmetic was
+- Hugging Face ``MarianSinusoidalPositionalEmbedding.create_weight`` (transformers 5.23.0; the same arithmetic was
   ``_init_weight`` in 4.57.6): angles pos / 10000^(2 (j//2) / d) in float64, ceil(d/2) sines then floor(d/2)
   cosines, cast to float32;
 - Whisper ``sinusoids``: as tensor2tensor with max_timescale, even d only, in torch's default dtype (no dtype is
@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from posenc import PositionalEncoding, frequencies, offset_matrix, sinusoidal_encoding
 from tests.classic import SpotpythonPositionalEncoding
+from tests.peers import require
 
 U64 = 2.0**-53  # float64 unit roundoff
 bases = st.floats(1.0, 6.0).map(lambda e: 10.0**e)  # log-uniform in [10, 1e6]
@@ -486,3 +487,50 @@ def test_unknown_conventions_are_refused_by_name(function: object) -> None:
         function(4, 8, layout="split")  # type: ignore[operator]
     with pytest.raises(ValueError, match="frequencies"):
         function(4, 8, frequencies="fairseq")  # type: ignore[operator]
+
+
+# ----- the installed Hugging Face code, run as it is ------------------------------------------------------------
+
+
+def test_the_installed_hugging_face_tables(set_default_dtype) -> None:
+    """The chapter restates Marian's, Whisper's and M2M100's (fairseq's) tables; here the installed transformers
+    (pinned in requirements.txt) computes them itself. Marian forms its table in float64 NumPy and rounds once to
+    float32: posenc's float32 table equals it to one float32 ulp plus the float64 bound, and the restatement above
+    equals it bitwise. Whisper's ``sinusoids`` under the float64 default dtype is posenc's float64 table to the
+    float64 bound. M2M100's ``get_embedding`` names float32 (``.float()``), so it carries float32 angle errors,
+    within the classic bound (2 ln(base) + 4) 2^-24 p + 2^-23 of the precision chapter and above the float64
+    bound; its odd widths end with a zero channel and its row ``padding_idx`` is zero."""
+    require("transformers")
+    from transformers.models.m2m_100.modeling_m2m_100 import (
+        M2M100SinusoidalPositionalEmbedding,
+    )
+    from transformers.models.marian.modeling_marian import (
+        MarianSinusoidalPositionalEmbedding,
+    )
+    from transformers.models.whisper.modeling_whisper import sinusoids
+
+    n = 3000
+    bound = peer_tolerance(n, 1e4)
+    for d_model in (7, 64, 512):
+        marian = MarianSinusoidalPositionalEmbedding(n, d_model).create_weight()
+        assert marian.dtype == torch.float32
+        ours = sinusoidal_encoding(n, d_model, layout="concat")
+        one_ulp = torch.finfo(torch.float32).eps * marian.abs().double()
+        assert ((marian - ours).abs().double() <= one_ulp + bound).all()
+        literal = torch.from_numpy(marian_create_weight_literal(n, d_model)).float()
+        assert torch.equal(marian, literal)
+
+    set_default_dtype(torch.float64)
+    whisper = sinusoids(n, 64)
+    assert whisper.dtype == torch.float64
+    assert (whisper - posenc_concat(range(n), 64, "tensor2tensor")).abs().max() <= bound
+
+    set_default_dtype(torch.float32)
+    classic = (2 * math.log(1e4) + 4) * 2.0**-24 * n + 2.0**-23
+    for d_model in (7, 64):
+        m2m = M2M100SinusoidalPositionalEmbedding.get_embedding(n, d_model, 1).double()
+        reference = posenc_concat(range(n), d_model, "tensor2tensor")
+        reference[1] = 0  # padding_idx = 1
+        error = (m2m - reference).abs().max().item()
+        assert bound < error <= classic
+        assert not m2m[:, 2 * (d_model // 2) :].any()  # the zero channel of odd widths

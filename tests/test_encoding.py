@@ -1,15 +1,18 @@
 """posenc.frequencies and posenc.sinusoidal_encoding: values against an independent NumPy float64 evaluation,
-shapes, dtypes, odd widths and argument errors."""
+shapes, dtypes, odd widths, argument errors, and docstrings that read as plain text in ``help()``."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 
-from posenc import frequencies, sinusoidal_encoding
+import posenc
+from posenc import encoding, frequencies, sinusoidal_encoding
 from tests.test_precision import numpy_encoding
 from tests.test_precision import round_once as single_rounding
 
@@ -138,7 +141,7 @@ def test_device_argument() -> None:
         (
             lambda: sinusoidal_encoding(torch.tensor([0.0, 1.0]), 8),
             TypeError,
-            ["positions", "torch.float32", ".long()"],
+            ["positions", "torch.float32", "integer positions are required"],
         ),
         (
             lambda: sinusoidal_encoding(torch.tensor([True]), 8),
@@ -169,3 +172,34 @@ def test_bad_arguments_name_the_argument_value_and_fix(call, error, words) -> No
         call()
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_fractional_positions_are_refused_pointing_to_timestep_embedding() -> None:
+    # positions.long() would turn 0.5 into 0 without a word: the message must not advise it, and must name the
+    # function that takes continuous positions as they are, in a call that runs
+    positions = torch.tensor([0.5, 999.0])
+    with pytest.raises(TypeError) as info:
+        sinusoidal_encoding(positions, 64)
+    message = str(info.value)
+    for words in ("positions", "torch.float32", "integer positions are required"):
+        assert words in message, message
+    assert ".long()" not in message, message
+    call = re.search(r"posenc\.timestep_embedding\(t, (\d+)\)", message)
+    assert call, message
+    assert posenc.timestep_embedding(positions, int(call.group(1))).shape == (2, 64)
+
+
+ENCODING_FUNCTIONS = sorted(
+    name
+    for name, value in vars(encoding).items()
+    if inspect.isfunction(value) and value.__module__ == encoding.__name__
+)
+
+
+@pytest.mark.parametrize("name", ["<module>", *ENCODING_FUNCTIONS])
+def test_docstrings_read_as_plain_text(name: str) -> None:
+    """No ``$...$`` math and no LaTeX command: ``help()`` shows docstrings as they are written (issue 20)."""
+    doc = inspect.getdoc(encoding if name == "<module>" else getattr(encoding, name))
+    assert doc, f"{name} has no docstring"
+    assert "$" not in doc, (name, doc)
+    assert not re.search(r"\\[A-Za-z]+", doc), (name, re.findall(r"\\[A-Za-z]+", doc))

@@ -1,9 +1,10 @@
 """The geometry of the encoding (book/04_geometry.ipynb): PE[p] . PE[p+k] = sum_i cos(k w_i) depends on k only and
 is symmetric in k; |PE[p]| = sqrt(d/2); values in [-1, 1]; the distance between two positions depends on their
 offset only, so the minimum over N positions is a minimum over N - 1 offsets, and that minimum is at k = 1 only for
-some N (Dirichlet's bound drives it to 0); one attention head with A = W_Q W_K^T = M_j P_S has rank d_h and a
-position-position score that depends on k only and peaks at k = -j. Property-based over d_model 2..1024, bases
-10..1e6, positions up to 2^20, float32 and float64; each tolerance is derived next to it."""
+some N (Dirichlet's bound drives it to 0), and the smallest distance per octave of offsets follows no simple law (the
+chapter's table); one attention head with A = W_Q W_K^T / sqrt(d_k) = M_j P_S has rank d_k and a position-position
+score that depends on k only and peaks at k = -j. Vectors are columns, as in the book. Property-based over d_model
+2..1024, bases 10..1e6, positions up to 2^20, float32 and float64; each tolerance is derived next to it."""
 
 from __future__ import annotations
 
@@ -251,10 +252,11 @@ def test_dirichlet_bound_on_the_smallest_distance(
 def test_one_head_realises_the_shifted_score_on_its_pairs(
     half_d: int, base: float, j: int, data: st.DataObject, p: list[int]
 ) -> None:
-    # W_Q = the columns of M_j for the head's pairs S, W_K = the same columns of I: A = W_Q W_K^T = M_j P_S has
-    # rank 2|S| = d_h, and (PE[p] W_Q)(PE[p+k] W_K)^T = sum_{i in S} cos((k + j) w_i) for every p (eq-head-score),
-    # largest (= |S|) at k = -j. Tolerance: the angle rounding of p w, (p+k) w and j w (U64 (p + |p+k| + |j|) w per
-    # pair), plus the two matrix products over d channels and the sum over S (<= 4 d U64 per pair).
+    # W_Q = sqrt(d_k) times the columns of M_j for the head's pairs S, W_K = the same columns of I: A = W_Q W_K^T /
+    # sqrt(d_k) = M_j P_S has rank 2|S| = d_k, and the score (W_Q^T PE[p])^T (W_K^T PE[p+k]) / sqrt(d_k) =
+    # sum_{i in S} cos((k + j) w_i) for every p (eq-head-score), largest (= |S|) at k = -j. Tolerance: the angle
+    # rounding of p w, (p+k) w and j w (U64 (p + |p+k| + |j|) w per pair), plus the two matrix products over d
+    # channels and the sum over S (<= 4 d U64 per pair), plus scaling by sqrt(d_k) and back (<= 4 U64 per pair).
     d_model = 2 * half_d
     pairs = sorted(
         data.draw(
@@ -264,25 +266,71 @@ def test_one_head_realises_the_shifted_score_on_its_pairs(
     k = data.draw(st.integers(-63, 63), label="k")
     idx = torch.tensor(pairs)
     channels = torch.stack([2 * idx, 2 * idx + 1], -1).flatten()
-    w_q = offset_matrix(j, d_model, base=base)[:, channels]
+    d_k = len(channels)
+    m_j = offset_matrix(j, d_model, base=base)
+    w_q = math.sqrt(d_k) * m_j[:, channels]
     w_k = torch.eye(d_model, dtype=torch.float64)[:, channels]
-    # rank d_h: A's columns outside the head's channels are zero, and those inside are W_Q's, which are
+    # rank d_k: A's columns outside the head's channels are zero, and those inside are M_j's, which are
     # orthonormal (columns of the orthogonal M_j)
-    a = w_q @ w_k.T
+    a = w_q @ w_k.T / math.sqrt(d_k)
     others = torch.ones(d_model, dtype=torch.bool)
     others[channels] = False
-    assert torch.equal(a[:, channels], w_q) and not a[:, others].any()
-    eye = torch.eye(len(channels), dtype=torch.float64)
-    assert (w_q.T @ w_q - eye).abs().max().item() <= 16 * U64
+    assert (a[:, channels] - m_j[:, channels]).abs().max().item() <= 4 * U64
+    assert not a[:, others].any()
+    eye = torch.eye(d_k, dtype=torch.float64)
+    assert (m_j[:, channels].T @ m_j[:, channels] - eye).abs().max().item() <= 16 * U64
     p_t = torch.tensor(p)
     f64 = {"base": base, "dtype": torch.float64}
-    score = (
-        (sinusoidal_encoding(p_t, d_model, **f64) @ w_q)
-        * (sinusoidal_encoding(p_t + k, d_model, **f64) @ w_k)
-    ).sum(-1)
+    queries = sinusoidal_encoding(p_t, d_model, **f64) @ w_q  # rows (W_Q^T PE[p])^T
+    keys = sinusoidal_encoding(p_t + k, d_model, **f64) @ w_k
+    score = (queries * keys).sum(-1) / math.sqrt(d_k)
     omega = frequencies(d_model, base=base)[idx]
     formula = torch.cos((k + j) * omega).sum().item()
     tolerance = U64 * (2 * max(p) + 2 * abs(k) + abs(j)) * omega.sum().item()
-    tolerance += 4 * d_model * U64 * len(pairs)
+    tolerance += 4 * d_model * U64 * len(pairs) + 4 * U64 * len(pairs)
     assert (score - formula).abs().max().item() <= tolerance
     assert torch.cos(0 * omega).sum().item() == len(pairs) >= formula
+
+
+def _smallest_per_octave(d_model: int, base: float) -> list[float]:
+    """The smallest ||PE[p] - PE[p + k]|| over each octave 2^j <= k < 2^(j+1), j < 20 (the chapter's table)."""
+    dist = distance_by_offset_blocked(2**20, d_model, base)
+    return [dist[2**j - 1 : 2 ** (j + 1) - 1].min().item() for j in range(20)]
+
+
+def test_the_smallest_distance_per_octave_as_the_chapter_states() -> None:
+    # The chapter's sentences about its per-octave table, number by number. Every two values compared here differ
+    # by at least 0.0025 (measured), far above the float64 rounding of angles below 2^21 (< 1e-9), so each
+    # comparison holds on any machine.
+    table = {
+        (d, base): _smallest_per_octave(d, base)
+        for d in (16, 64)
+        for base in (100.0, 1e4)
+    }
+    expected = {  # (largest in octave, falls before it, rises after it)
+        (16, 100.0): (5, [], [13, 14]),
+        (16, 1e4): (11, [2, 4, 7, 9], [13]),
+        (64, 100.0): (6, [], [9, 14]),
+        (64, 1e4): (13, [12], [15]),
+    }
+    for (d, base), values in table.items():
+        peak = max(range(20), key=values.__getitem__)
+        falls = [i + 1 for i in range(peak) if values[i + 1] < values[i]]
+        rises = [i + 1 for i in range(peak, 19) if values[i + 1] > values[i]]
+        assert (peak, falls, rises) == expected[d, base], (d, base)
+        octave_of_2pi_base = int(math.log2(2 * math.pi * base))
+        assert 2 <= octave_of_2pi_base - peak <= 4
+        neighbour = values[0]  # octave 0 is k = 1 alone
+        below = [j for j in range(1, 20) if values[j] < neighbour]
+        assert below == ({(16, 100.0): [18, 19], (16, 1e4): [19]}.get((d, base), [])), (
+            d,
+            base,
+        )
+    assert [round(v, 3) for v in table[64, 1e4][11:16]] == [
+        6.553,
+        6.548,
+        6.739,
+        6.184,
+        6.209,
+    ]
+    assert [int(math.log2(2 * math.pi * b)) for b in (100.0, 1e4)] == [9, 15]

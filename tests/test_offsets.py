@@ -5,6 +5,7 @@ float32 and float64; each tolerance is derived next to it (see book/03_relative_
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -268,3 +269,10 @@ def test_argument_errors_name_the_argument(
     kwargs = {"d_model": 8, **kwargs}
     with pytest.raises(error, match=names):
         offset_matrix(**kwargs)
+
+
+def test_the_docstring_reads_as_plain_text() -> None:
+    """help(offset_matrix) shows the docstring raw: its math is plain Unicode (M_k, θ = k·ω_i), never LaTeX."""
+    doc = offset_matrix.__doc__ or ""
+    assert "$" not in doc and not re.search(r"\\[A-Za-z]+", doc)
+    assert "M_k" in doc and "θ = k·ω_i" in doc

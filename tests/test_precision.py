@@ -536,3 +536,34 @@ def test_half_precision_angles_within_their_bound(
             k,
             err.item(),
         )
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected"),
+    [(torch.float16, (1971, 353, 4304)), (torch.bfloat16, (257, 55, 512))],
+    ids=["float16", "bfloat16"],
+)
+def test_half_precision_angles_off_by_more_than_1_where_the_book_says(
+    dtype: torch.dtype, expected: tuple[int, int, int]
+) -> None:
+    """book/06_precision.ipynb scans every row p < 65,520 of the d_model = 512 classic table, angles formed in
+    ``dtype``, for an error above 1: the first such row, how many rows after it stay within 1, and the last of
+    those (every later row is above 1). Rows 2,048 (float16) and 256 (bfloat16), where u p = 1, are within 1.
+    Each pair's angle depends on that pair alone, so the 16 fastest pairs are scanned first and the rest only
+    where those stay within 1. No row's error comes closer to 1 than 5e-4 (measured); the counts are also
+    checked under ATEN_CPU_CAPABILITY=default by the portability run of the chapter."""
+    p = torch.arange(65_520)
+    fast = _classic_table(p, 512, dtype)[:, :32].double()  # the 16 fastest pairs
+    angle = p.double()[:, None] * torch.from_numpy(numpy_omega(512)[:16])
+    exact_fast = torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(-2)
+    above = (fast - exact_fast).abs().amax(1) > 1
+    rest = p[~above]
+    full = _classic_table(rest, 512, dtype).double()
+    exact = sinusoidal_encoding(rest, 512, dtype=torch.float64)
+    above[rest] = (full - exact).abs().amax(1) > 1
+    first = int(above.nonzero()[0])
+    within_after = int((~above[first:]).sum())
+    last_within = int((~above).nonzero()[-1])
+    assert (first, within_after, last_within) == expected
+    at_u_p_1 = 2048 if dtype == torch.float16 else 256
+    assert not above[at_u_p_1]

@@ -2,8 +2,9 @@
 
 Bounds (derived in the chapter):
 
-- tables: float64 within ``2**-50 * (1 + p / scale)`` of NumPy's; float32 within ``2**-24`` of the exact value for
-  every position below ``2**24``; float16/bfloat16 equal to the float64 values rounded once.
+- tables: float64 within ``2**-50 * (1 + p / s)`` of NumPy's (s: a linear scaling factor); float32 within
+  ``2**-24`` of the exact value for every position below ``2**24``; float16/bfloat16 equal to the float64 values
+  rounded once.
 - rotation, float64: within ``2**-53 * (p + 8) * |pair|`` of NumPy's float64 rotation (angle rounding, then the
   sine, cosine, two products and a sum).
 - rotation, float32: within ``(2 + 1/sqrt(2)) * 2**-24 * |pair|`` of the exact rotation, plus the float64
@@ -13,8 +14,15 @@ Bounds (derived in the chapter):
 - the relative-score identity ``<R_m q, R_n k> == <R_(m+s) q, R_(n+s) k>`` in float64 to
   ``2**-53 * (m + n + (m+s) + (n+s) + 16 + 2 d) * |q| |k|``.
 
-The peers (tests/rotary_peers.py) are reproduced bitwise when given the same tables, and to their own float32
-angle drift (``2**-22 * p`` per unit of pair norm, plus roundings) from positions.
+Meta's Llama code (restated in tests/rotary_peers.py: not installable) is reproduced from its own tables and to its
+float32 angle drift (``2**-22 * p`` per unit of pair norm, plus roundings) from positions. This file imports only
+torch, NumPy, hypothesis, mpmath and posenc (tools/floor_check.py runs it on the torch floor); the comparisons with
+the installed transformers, diffusers, timm and rotary-embedding-torch are in tests/test_rotary_peers.py.
+
+Changed with issue 18 (the API changed on purpose): ``scale=`` became ``scaling={"rope_type": "linear", "factor":
+s}`` (frequencies divided by s, as transformers does: bitwise the old result for powers of two); the tests of the
+internal fast paths (``_common_case``, ``_rotate_given_tables``), which are gone, now check that every call gives
+the bits of the one remaining path; the peers that install moved to tests/test_rotary_peers.py.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import copy
 import math
 import pickle
 
+import mpmath
 import numpy as np
 import pytest
 import torch
@@ -30,7 +39,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from posenc import RotaryEmbedding, apply_rotary, offset_matrix, rotary, rotary_cos_sin
+from posenc import (
+    ROPE_TYPES,
+    RotaryEmbedding,
+    apply_rotary,
+    frequencies,
+    offset_matrix,
+    rotary,
+    rotary_cos_sin,
+    rotary_frequencies,
+)
 from posenc.encoding import _round_once
 from tests import rotary_peers as peers
 from tests.floors import needs_compile, needs_export
@@ -84,33 +102,34 @@ def float32_bound(
 
 
 def numpy_angles(
-    positions: torch.Tensor, r: int, base: float = 1e4, scale: float = 1.0
+    positions: torch.Tensor, r: int, base: float = 1e4, factor: float = 1.0
 ) -> np.ndarray:
-    omega = np.power(base, -2.0 * np.arange(r // 2) / r)
-    return (positions.numpy().astype(np.float64) / scale)[..., None] * omega
+    omega = np.power(base, -2.0 * np.arange(r // 2) / r) / factor  # linear: omega / s
+    return positions.numpy().astype(np.float64)[..., None] * omega
 
 
 @SETTINGS
 @given(
     head_dim=even(2, 256),
     base=bases,
-    scale=st.sampled_from([1.0, 0.5, 4.0, 16.0]),
+    factor=st.sampled_from([1.0, 0.5, 4.0, 16.0, 3.0]),
     positions=st.lists(st.integers(0, 2**20), min_size=1, max_size=12),
     layout=layouts,
 )
-def test_float64_tables_match_numpy(head_dim, base, scale, positions, layout):
+def test_float64_tables_match_numpy(head_dim, base, factor, positions, layout):
     p = torch.tensor(positions)
     cos, sin = rotary_cos_sin(
-        p, head_dim, base=base, scale=scale, dtype=torch.float64, layout=layout
-    )
+        p, head_dim, base=base, dtype=torch.float64, layout=layout,
+        scaling={"rope_type": "linear", "factor": factor},
+    )  # fmt: skip
     assert cos.shape == sin.shape == (len(positions), head_dim)
-    theta = numpy_angles(p, head_dim, base, scale)
+    theta = numpy_angles(p, head_dim, base, factor)
     c, s = np.cos(theta), np.sin(theta)
     if layout == "interleaved":
         c, s = np.repeat(c, 2, axis=-1), np.repeat(s, 2, axis=-1)
     else:
         c, s = np.concatenate((c, c), -1), np.concatenate((s, s), -1)
-    atol = 2.0**-50 * (1 + max(positions) / scale)
+    atol = 2.0**-50 * (1 + max(positions) / factor)
     np.testing.assert_allclose(cos.numpy(), c, rtol=0, atol=atol)
     np.testing.assert_allclose(sin.numpy(), s, rtol=0, atol=atol)
 
@@ -404,17 +423,6 @@ def test_half_rotation_within_one_rounding(dtype):
     assert correctly_rounded >= 0.99
 
 
-def test_peer_recipes_drift_in_float32_and_posenc_does_not():
-    torch.manual_seed(5)
-    x = torch.randn(1, 1, 64, 128)
-    for start, floor in ((65_000, 1e-3), (1_000_000, 2e-2)):
-        p = torch.arange(start, start + 64)
-        ref = torch.from_numpy(peers.numpy_rotation(x, p, layout="half"))
-        hf = (peers.hf_rope(x, p).double() - ref).abs().max().item()
-        ours = (apply_rotary(x, p, layout="half").double() - ref).abs().max().item()
-        assert hf > floor and ours <= 1e-6, (start, hf, ours)
-
-
 def test_half_precision_angle_recipes_are_off_by_order_one():
     # gpt-neox issue 1003: float16 angles, seq_len 2048, dim 32: position 1857, channel 1
     cos16, _ = peers.half_angle_cos_sin(2048, 32, torch.float16)
@@ -449,32 +457,6 @@ def drift_tolerance(
     return (2.0**-22 * (p_max + 1) + 3 * FLOAT32_FACTOR * U32) * norms + 1e-30
 
 
-def test_hugging_face_bitwise_with_its_own_tables():
-    torch.manual_seed(6)
-    q, k = torch.randn(2, 8, 33, 64), torch.randn(2, 2, 33, 64)
-    pos = torch.stack([torch.arange(33), torch.arange(100, 133)])
-    cos, sin = peers.hf_cos_sin(pos, 64)
-    hq, hk = peers.hf_apply_rotary_pos_emb(q, k, cos, sin)
-    assert torch.equal(apply_rotary(q, cos=cos, sin=sin, layout="half"), hq)
-    assert torch.equal(apply_rotary(k, cos=cos, sin=sin, layout="half"), hk)
-
-
-def test_lucidrains_bitwise_with_its_own_tables():
-    torch.manual_seed(7)
-    t = torch.randn(2, 4, 20, 48)
-    freqs = torch.einsum(
-        "..., f -> ... f",
-        (torch.arange(20.0) + 9),
-        1.0 / (1e4 ** (torch.arange(0, 32, 2)[:16].float() / 32)),
-    )
-    freqs = freqs.repeat_interleave(2, -1)
-    expected = peers.lucidrains_rotate_queries_or_keys(t, 32, offset=9)
-    assert torch.equal(
-        apply_rotary(t, cos=freqs.cos(), sin=freqs.sin(), layout="interleaved"),
-        expected,
-    )
-
-
 def test_llama_complex_formulation_with_its_own_tables():
     torch.manual_seed(8)
     x = torch.randn(2, 4, 20, 64)
@@ -496,34 +478,31 @@ def test_llama_complex_formulation_with_its_own_tables():
 
 @pytest.mark.parametrize("offset", [0, 7, 3000])
 @pytest.mark.parametrize("rotary_dim", [None, 32])
-def test_peers_from_positions_agree_to_their_float32_drift(offset, rotary_dim):
+def test_llama_from_positions_agrees_to_its_float32_drift(offset, rotary_dim):
+    # (the transformers and rotary-embedding-torch halves of this test are in test_rotary_peers.py)
     torch.manual_seed(9)
     x = torch.randn(2, 4, 40, 64)
-    p = torch.arange(offset, offset + 40)
     p_max = offset + 39
-    hf = peers.hf_rope(x, p, rotary_dim=rotary_dim)
-    ours = apply_rotary(x, offset, layout="half", rotary_dim=rotary_dim)
-    assert ((ours - hf).abs() <= drift_tolerance(x, p_max, rotary_dim, "half")).all()
-    r = rotary_dim or 64
-    luc = peers.lucidrains_rotate_queries_or_keys(x, r, offset=offset)
     ours = apply_rotary(x, offset, rotary_dim=rotary_dim)
-    assert ((ours - luc).abs() <= drift_tolerance(x, p_max, rotary_dim)).all()
     if rotary_dim is None:  # the Llama code rotates every channel
         assert (
             (ours - peers.llama_rope(x, start_pos=offset)).abs()
             <= drift_tolerance(x, p_max)
         ).all()
+    else:  # partial rotary: the first channels are a narrower head's rotation
+        narrow = peers.llama_rope(x[..., :rotary_dim].contiguous(), start_pos=offset)
+        tol = drift_tolerance(x[..., :rotary_dim], p_max)
+        assert ((ours[..., :rotary_dim] - narrow).abs() <= tol).all()
 
 
-def test_position_interpolation_matches_hugging_face_linear_scaling():
+def test_position_interpolation_at_scaled_positions_is_the_plain_rotation():
+    # (against transformers' linear type: test_rotary_peers.py)
     torch.manual_seed(10)
     x = torch.randn(1, 2, 30, 64)
     p = torch.arange(5000, 5030)
-    hf = peers.hf_rope(x, p, scaling_factor=4.0)
-    ours = apply_rotary(x, p, layout="half", scale=4.0)
-    assert ((ours - hf).abs() <= drift_tolerance(x, 5030, layout="half")).all()
-    # scale s at position s * p is the unscaled rotation at p
-    assert torch.equal(apply_rotary(x, p * 4, scale=4.0), apply_rotary(x, p))
+    linear = {"rope_type": "linear", "factor": 4.0}
+    # factor s (a power of two) at position s * p is the unscaled rotation at p: (4p)(w/4) = pw
+    assert torch.equal(apply_rotary(x, p * 4, scaling=linear), apply_rotary(x, p))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -563,72 +542,54 @@ def test_decoding_token_by_token_is_bitwise_the_full_forward(max_len):
 @pytest.mark.parametrize(
     "shape", [(1, 4, 1, 16), (2, 4, 6, 16), (3, 16), (2, 64, 33, 16), (0, 4, 1, 16)]
 )
-def test_common_case_path_is_bitwise_the_checked_path(layout, rotary_dim, dtype, shape):
-    # forward() rotates the common call (q, k of one shape and dtype, float32/float64,
-    # positions inside the table) after a few cheap checks; the fully checked path
-    # must give the same bits: seq_len 1 reads one row, (2, 64, 33, 16) is past the
-    # stacking limit, (0, ...) is empty
+def test_module_branches_are_bitwise_apply_rotary(layout, rotary_dim, dtype, shape):
+    # (was: the common-case fast path against the checked path; there is one path now)
+    # forward() slices its cached table (a single row at seq_len 1), or computes rows
+    # past it, and stacks q and k below the stacking limit ((2, 64, 33, 16) is past
+    # it, (0, ...) is empty): every branch gives apply_rotary's bits
     torch.manual_seed(14)
     rope = RotaryEmbedding(16, layout=layout, rotary_dim=rotary_dim, max_len=64)
     q, k = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
-    for offset in (0, 5, 64 - shape[-2]):
-        fast = rope._common_case(q, k, offset)
-        assert fast is not None
-        slow = rope._forward_checked(q, k, offset, None)
-        assert all(torch.equal(a, b) for a, b in zip(fast, slow))
-        assert all(a.shape == shape and a.dtype == dtype for a in fast)
-    # outside the common case it declines, and forward takes the checked path
-    assert rope._common_case(q, k, 64 - shape[-2] + 1) is None  # past the table
-    assert rope._common_case(q.half(), k.half(), 0) is None  # rotated in float32
-    assert rope._common_case(q, k[..., :1, :], 0) is None or shape[-2] == 1
     kw = {"layout": layout, "rotary_dim": rotary_dim}
+    for offset in (0, 5, 64 - shape[-2], 64 - shape[-2] + 1, 1000):
+        out = rope(q, k, offset=offset)
+        assert torch.equal(out[0], apply_rotary(q, offset, **kw))
+        assert torch.equal(out[1], apply_rotary(k, offset, **kw))
+        assert torch.equal(rope.rotate(k, offset=offset), out[1])
+        assert all(a.shape == shape and a.dtype == dtype for a in out)
     assert torch.equal(rope(q.half(), k.half())[0], apply_rotary(q.half(), **kw))
-
-
-class _Subclass(torch.Tensor):
-    pass
+    # the stacked rotation (small q, k) is elementwise: bitwise each one's
+    r = rotary_dim or 16
+    cos, sin, sign = rope._table(q.device, dtype)
+    rows = cos[:1].expand(shape[-2], r), sin[:1].expand(shape[-2], r)
+    stacked = rotary._rotate(torch.stack((q, k)), *rows, sign, layout)
+    assert torch.equal(stacked[0], rotary._rotate(q, *rows, sign, layout))
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("shape", [(1, 4, 1, 16), (2, 3, 6, 16), (6, 16)])
-def test_apply_rotary_given_tables_common_case_is_bitwise_the_checked_path(
-    layout, dtype, shape
-):
-    # apply_rotary(x, cos=, sin=) takes a short path when x and the tables share a
-    # float32/float64 dtype and a device and rotate every channel; the checked path
-    # (forced here by a Tensor subclass, which the short path leaves alone) gives
-    # the same bits
+def test_apply_rotary_given_tables_is_bitwise_the_positions_path(layout, dtype, shape):
+    # (was: the given-tables fast path against the checked path, now one path) tables
+    # of x's dtype, of another dtype (converted), partial tables; bad ones raise
     torch.manual_seed(15)
     x = torch.randn(shape, dtype=dtype)
     pos = torch.arange(9, 9 + shape[-2])
     cos, sin = rotary_cos_sin(pos, 16, dtype=dtype, layout=layout)
-    assert rotary._rotate_given_tables(x, cos, sin, layout, None) is not None
-    fast = apply_rotary(x, cos=cos, sin=sin, layout=layout)
-    checked = apply_rotary(x.as_subclass(_Subclass), cos=cos, sin=sin, layout=layout)
-    assert checked.__class__ is _Subclass and torch.equal(
-        fast, checked.as_subclass(torch.Tensor)
-    )
-    assert torch.equal(fast, apply_rotary(x, pos, layout=layout))
+    given = apply_rotary(x, cos=cos, sin=sin, layout=layout)
+    assert torch.equal(given, apply_rotary(x, pos, layout=layout))
     other = torch.float64 if dtype == torch.float32 else torch.float32
-    # declined (None) outside the common case: each then follows the checked path
-    declined = [
-        (x, cos.to(other), sin, layout, None),  # tables of another dtype: converted
-        (x, cos[:, :8], sin[:, :8], layout, None),  # partial rotary
-        (
-            x,
-            cos,
-            sin,
-            layout,
-            8,
-        ),  # rotary_dim disagrees: an error, from the checked path
-        (x, cos, sin, "halves", None),  # bad layout: an error, from the checked path
-        (x.half(), cos, sin, layout, None),  # rotated in float32
-    ]
-    for args in declined:
-        assert rotary._rotate_given_tables(*args) is None
+    converted = apply_rotary(x, cos=cos.to(other), sin=sin.to(other), layout=layout)
+    assert torch.equal(converted, apply_rotary(x, cos=cos.to(other).to(dtype),
+                                               sin=sin.to(other).to(dtype), layout=layout))  # fmt: skip
+    c8, s8 = rotary_cos_sin(pos, 8, dtype=dtype, layout=layout)
+    partial = apply_rotary(x, cos=c8, sin=s8, layout=layout)
+    assert torch.equal(partial, apply_rotary(x, pos, layout=layout, rotary_dim=8))
+    assert apply_rotary(x.half(), cos=cos, sin=sin, layout=layout).dtype == torch.half
     with pytest.raises(ValueError, match="rotary_dim=8 does not match"):
         apply_rotary(x, cos=cos, sin=sin, layout=layout, rotary_dim=8)
+    with pytest.raises(ValueError, match="layout"):
+        apply_rotary(x, cos=cos, sin=sin, layout="halves")
 
 
 def test_per_sequence_positions_give_the_packed_result():
@@ -666,15 +627,26 @@ def test_module_keeps_dtype_and_caches_one_table_per_compute_dtype(dtype):
 
 
 def test_q_and_k_of_different_dtypes():
+    """Each is rotated with its own rows, rounded once to its dtype: k in float64 is not rotated by q's float32
+    rows converted up (rounded twice, off by up to about 6e-8 times |k|)."""
     rope = RotaryEmbedding(8)
-    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8, dtype=torch.float64)
-    rq, rk = rope(q, k)
-    assert rq.dtype == torch.float32 and rk.dtype == torch.float64
-    torch.testing.assert_close(rk, apply_rotary(k), rtol=0, atol=1e-7)
+    gen = torch.Generator().manual_seed(0)
+    for q_dtype, k_dtype in [
+        (torch.float32, torch.float64),
+        (torch.float64, torch.float32),
+    ]:
+        q = torch.randn(1, 2, 3, 8, generator=gen, dtype=q_dtype)
+        k = torch.randn(1, 1, 3, 8, generator=gen, dtype=k_dtype)
+        rq, rk = rope(q, k, offset=5)
+        assert rq.dtype == q_dtype and rk.dtype == k_dtype
+        assert torch.equal(rq, rope.rotate(q, offset=5))
+        assert torch.equal(rk, rope.rotate(k, offset=5))
+        assert torch.equal(rk, apply_rotary(k, torch.arange(5, 8)))
 
 
 def test_state_dict_pickle_deepcopy_and_repr():
-    rope = RotaryEmbedding(16, max_len=8, layout="half", rotary_dim=8, scale=2.0)
+    linear = {"rope_type": "linear", "factor": 2.0}
+    rope = RotaryEmbedding(16, max_len=8, layout="half", rotary_dim=8, scaling=linear)
     rope(torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16))
     assert (
         rope.state_dict() == {}
@@ -688,16 +660,18 @@ def test_state_dict_pickle_deepcopy_and_repr():
     assert (
         "rotary_dim=8" in repr(rope)
         and "layout='half'" in repr(rope)
-        and "scale=2.0" in repr(rope)
+        and "rope_type='linear'" in repr(rope)
     )
     x = torch.randn(1, 1, 3, 16)
     assert torch.equal(clone(x, x)[0], rope(x, x)[0])
 
 
 def test_cos_sin_method_matches_the_function():
-    rope = RotaryEmbedding(32, rotary_dim=16, layout="half", base=500.0, scale=2.0)
+    kw = {"rotary_dim": 16, "layout": "half", "base": 500.0}
+    linear = {"rope_type": "linear", "factor": 2.0}
+    rope = RotaryEmbedding(32, scaling=linear, **kw)
     c1, s1 = rope.cos_sin(torch.arange(9))
-    c2, s2 = rotary_cos_sin(9, 32, rotary_dim=16, layout="half", base=500.0, scale=2.0)
+    c2, s2 = rotary_cos_sin(9, 32, scaling=linear, **kw)
     assert torch.equal(c1, c2) and torch.equal(s1, s2)
 
 
@@ -804,6 +778,427 @@ def test_export_function_with_positions_bitwise():
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Scaling (rope_type): the formulas of chapter 10, checked from their definitions (transformers itself:
+# test_rotary_peers.py)
+# ----------------------------------------------------------------------------------------------------------
+
+LLAMA31 = peers.LLAMA31
+
+
+def test_rope_types_and_the_default_frequencies():
+    assert ROPE_TYPES == ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+    for head_dim, base in ((128, 1e4), (64, 5e5), (2, 10.0)):
+        omega, attention = rotary_frequencies(head_dim, base=base)
+        assert omega.dtype == torch.float64 and omega.shape == (head_dim // 2,)
+        assert torch.equal(omega, frequencies(head_dim, base=base)) and attention == 1.0
+    # the frequencies against 100-digit ones
+    mpmath.mp.dps = 100
+    omega, _ = rotary_frequencies(128, base=5e5)
+    exact = [mpmath.power(500000, mpmath.mpf(-2 * i) / 128) for i in range(64)]
+    assert max(abs(float((w - e) / e)) for w, e in zip(omega.tolist(), exact)) <= U64
+    # base from the dict's rope_theta; "type" (transformers 4.x) and "mrope" (Qwen2-VL) read too
+    via_theta, _ = rotary_frequencies(64, scaling={"rope_theta": 1e6})
+    assert torch.equal(via_theta, frequencies(64, base=1e6))
+    legacy, _ = rotary_frequencies(64, scaling={"type": "linear", "factor": 2.0})
+    assert torch.equal(legacy, frequencies(64) / 2)
+    mrope, _ = rotary_frequencies(
+        64, scaling={"type": "mrope", "mrope_section": [8] * 4}
+    )
+    assert torch.equal(mrope, frequencies(64))
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0, 4.0, 3.0])
+def test_linear_divides_every_frequency(factor):
+    omega, attention = rotary_frequencies(
+        96, scaling={"rope_type": "linear", "factor": factor}
+    )
+    assert torch.equal(omega, frequencies(96) / factor) and attention == 1.0
+
+
+def test_dynamic_ntk_raises_the_base_with_the_sequence():
+    d, length, s = 64, 4096, 2.0
+    dynamic = {"rope_type": "dynamic", "factor": s, "max_position_embeddings": length}
+    for seq_len in (None, 1, length):  # up to the original length: the trained speeds
+        assert torch.equal(rotary_frequencies(d, scaling=dynamic, seq_len=seq_len)[0],
+                           frequencies(d))  # fmt: skip
+    for n in (length + 1, 2 * length, 10**6):
+        base = 1e4 * ((s * n / length) - (s - 1)) ** (d / (d - 2))
+        omega, _ = rotary_frequencies(d, scaling=dynamic, seq_len=n)
+        assert torch.equal(omega, frequencies(d, base=base))
+        assert omega[0] == 1.0 and omega[-1] < frequencies(d)[-1]
+
+
+@pytest.mark.parametrize("s", [4.0, 40.0])
+def test_yarn_keeps_fast_pairs_divides_slow_ones_and_scales_attention(s):
+    d, base, original = 128, 1e4, 4096
+    yarn = {
+        "rope_type": "yarn",
+        "factor": s,
+        "original_max_position_embeddings": original,
+    }
+    omega, attention = rotary_frequencies(d, base=base, scaling=yarn)
+    g = (omega / frequencies(d)).numpy()
+
+    def pair(
+        turns: float,
+    ) -> float:  # the pair that turns `turns` times over the context
+        return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = math.floor(pair(32)), math.ceil(pair(1))
+    assert np.allclose(g[:low], 1, rtol=1e-15, atol=0)
+    assert np.allclose(g[high:], 1 / s, rtol=1e-15, atol=0)
+    assert (np.diff(g) <= 1e-15).all()  # non-increasing: a ramp between
+    assert attention == 0.1 * math.log(s) + 1
+    deepseek = {**yarn, "mscale": 1.0, "mscale_all_dim": 0.707}
+    _, ratio = rotary_frequencies(d, scaling=deepseek)
+    assert ratio == (0.1 * math.log(s) + 1) / (0.1 * 0.707 * math.log(s) + 1)
+    _, given = rotary_frequencies(d, scaling={**yarn, "attention_factor": 0.9})
+    assert given == 0.9
+
+
+def test_llama3_bands():
+    d = 128
+    omega, attention = rotary_frequencies(d, scaling=LLAMA31)
+    plain = frequencies(d, base=5e5)
+    wavelength = 2 * math.pi / plain
+    high, low = wavelength < 8192 / 4, wavelength > 8192 / 1
+    assert torch.equal(omega[high], plain[high]) and torch.equal(
+        omega[low], plain[low] / 8
+    )
+    mid = ~(high | low)
+    smooth = (8192 / wavelength[mid] - 1) / (4 - 1)
+    torch.testing.assert_close(
+        omega[mid],
+        (1 - smooth) * plain[mid] / 8 + smooth * plain[mid],
+        rtol=4 * U64,
+        atol=0,
+    )
+    assert mid.any() and attention == 1.0
+
+
+def test_longrope_switches_factors_past_the_original_length():
+    d, original = 96, 4096
+    short, long = (
+        [1.0 + 0.01 * i for i in range(48)],
+        [1.0 + 0.5 * i for i in range(48)],
+    )
+    phi = {"rope_type": "longrope", "short_factor": short, "long_factor": long,
+           "original_max_position_embeddings": original, "max_position_embeddings": 131072}  # fmt: skip
+    for seq_len, factors in ((None, short), (original, short), (original + 1, long)):
+        omega, attention = rotary_frequencies(d, scaling=phi, seq_len=seq_len)
+        torch.testing.assert_close(
+            omega, frequencies(d) / torch.tensor(factors, dtype=torch.float64),
+            rtol=U64, atol=0,
+        )  # fmt: skip
+        assert attention == math.sqrt(1 + math.log(32) / math.log(original))
+
+
+def test_partial_rotary_factor_sets_the_rotated_width():
+    omega, _ = rotary_frequencies(80, scaling={"partial_rotary_factor": 0.4})
+    assert torch.equal(omega, frequencies(32))  # int(80 * 0.4) = 32 channels
+    rope = RotaryEmbedding(80, scaling={"partial_rotary_factor": 0.4})
+    assert rope.rotary_dim == 32
+    x = torch.randn(1, 2, 5, 80)
+    assert torch.equal(rope.rotate(x, offset=9), apply_rotary(x, 9, rotary_dim=32))
+    assert torch.equal(
+        RotaryEmbedding(
+            80, rotary_dim=32, scaling={"partial_rotary_factor": 0.4}
+        ).rotate(x),
+        rope.rotate(x),
+    )
+
+
+def test_attention_factor_is_in_the_tables():
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+    p = torch.arange(0, 3000, 7)
+    cos, sin = rotary_cos_sin(p, 64, scaling=yarn, dtype=torch.float64)
+    omega, attention = rotary_frequencies(64, scaling=yarn)
+    theta = p.double()[:, None] * omega
+    torch.testing.assert_close(
+        cos[:, ::2], attention * theta.cos(), rtol=0, atol=4 * U64 * 3000
+    )
+    torch.testing.assert_close(
+        sin[:, 1::2], attention * theta.sin(), rtol=0, atol=4 * U64 * 3000
+    )
+    cos32, _ = rotary_cos_sin(p, 64, scaling=yarn)
+    assert (cos32.double() - cos).abs().max() <= 2.0**-24  # one rounding, values < 2
+    # the rotation then scales q and k by the factor (scores by its square)
+    x = torch.randn(1, 1, len(p), 64, dtype=torch.float64)
+    y = apply_rotary(x, p, scaling=yarn)
+    torch.testing.assert_close(
+        y.norm(dim=-1), attention * x.norm(dim=-1), rtol=1e-12, atol=0
+    )
+
+
+def test_dynamic_ntk_state_follows_transformers_rules():
+    # transformers' dynamic_frequency_update: grow past the longest sequence kept; fall back
+    # to the original frequencies when a sequence shorter than max_position_embeddings comes
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 512}
+    rope = RotaryEmbedding(64, scaling=dynamic, max_len=1024)
+    x = torch.randn(1, 2, 1, 64)
+    for length, kept in ((100, None), (700, 700), (600, 700), (900, 900), (300, None),
+                         (513, 513), (512, 513), (200, None)):  # fmt: skip
+        rope.cos_sin(torch.arange(length))
+        assert rope._seq_len == kept, length
+        want, _ = rotary_frequencies(64, scaling=dynamic, seq_len=kept)
+        assert torch.equal(rope.frequencies, want)
+    # forward follows the same state: its rows are those of the current frequencies
+    rope = RotaryEmbedding(64, scaling=dynamic, max_len=1024)
+    got = rope.rotate(x, offset=799)  # a sequence of 800 tokens
+    assert rope._seq_len == 800
+    assert torch.equal(got, apply_rotary(x, 799, scaling=dynamic))
+    got = rope.rotate(x, offset=3)  # 4 tokens after 800: back to the original speeds
+    assert rope._seq_len is None and torch.equal(
+        got, apply_rotary(x, 3, scaling=dynamic)
+    )
+
+
+def test_longrope_module_switches_per_call():
+    phi = {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [4.0] * 16,
+           "original_max_position_embeddings": 64, "factor": 8.0}  # fmt: skip
+    rope = RotaryEmbedding(32, scaling=phi, max_len=128)
+    x = torch.randn(1, 2, 10, 32)
+    for offset in (0, 54, 55, 300, 0):  # positions up to 63: short; from 64 on: long
+        assert torch.equal(
+            rope.rotate(x, offset=offset), apply_rotary(x, offset, scaling=phi)
+        )
+    short = rotary_frequencies(32, scaling=phi)[0]
+    assert torch.equal(rope.frequencies, short)  # the last call was short
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Several position axes
+# ----------------------------------------------------------------------------------------------------------
+
+
+def numpy_axes_rotation(
+    x: torch.Tensor, positions: torch.Tensor, omega: np.ndarray, sections: list[int],
+    layout: str,
+) -> np.ndarray:  # fmt: skip
+    """float64 rotation where pair i of section a turns by positions[a] * omega_i (positions [axes, seq])."""
+    xs, p = x.double().numpy(), positions.numpy().astype(np.float64)
+    axis = np.repeat(np.arange(len(sections)), sections)  # [r / 2]
+    theta = p[axis].T * omega  # [seq, r / 2]
+    c, s = np.cos(theta), np.sin(theta)
+    r = 2 * len(omega)
+    if layout == "interleaved":
+        ia, ib = np.arange(0, r, 2), np.arange(1, r, 2)
+    else:
+        ia, ib = np.arange(r // 2), np.arange(r // 2, r)
+    out = xs.copy()
+    a, b = xs[..., ia], xs[..., ib]
+    out[..., ia], out[..., ib] = a * c - b * s, b * c + a * s
+    return out
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_multi_axis_rotation_matches_numpy(layout):
+    g = torch.Generator().manual_seed(30)
+    positions = torch.randint(0, 2**16, (3, 40), generator=g)
+    x = torch.randn(2, 4, 40, 64, dtype=torch.float64, generator=g)
+    # M-RoPE: one set of frequencies split over the axes
+    mrope = {"mrope_section": [8, 12, 12]}
+    y = apply_rotary(x, positions, layout=layout, scaling=mrope, base=1e6)
+    ref = numpy_axes_rotation(
+        x, positions, frequencies(64, base=1e6).numpy(), [8, 12, 12], layout
+    )
+    assert np.abs(y.numpy() - ref).max() <= 2 * U64 * (2**16 + 8) * 6
+    # axes_dim: each axis its own frequencies over its own channels
+    y = apply_rotary(x, positions, layout=layout, axes_dim=[16, 24, 24])
+    omega = np.concatenate([frequencies(w).numpy() for w in (16, 24, 24)])
+    ref = numpy_axes_rotation(x, positions, omega, [8, 12, 12], layout)
+    assert np.abs(y.numpy() - ref).max() <= 2 * U64 * (2**16 + 8) * 6
+    # per sequence: [axes, batch, seq_len]
+    per = torch.stack([positions, positions.flip(-1)], 1)  # [3, 2, 40]
+    y = apply_rotary(x, per, layout=layout, axes_dim=[16, 24, 24])
+    assert torch.equal(
+        y[1], apply_rotary(x[1], per[:, 1], layout=layout, axes_dim=[16, 24, 24])
+    )
+
+
+def test_multi_axis_scores_depend_on_the_displacement_and_text_is_1d():
+    g = torch.Generator().manual_seed(31)
+    q, k = (torch.randn(1, 64, dtype=torch.float64, generator=g) for _ in range(2))
+    grid = RotaryEmbedding(64, axes_dim=[32, 32])
+
+    def score(m, n) -> float:
+        rq = grid.rotate(q, positions=torch.tensor(m)[:, None])
+        rk = grid.rotate(k, positions=torch.tensor(n)[:, None])
+        return (rq * rk).sum().item()
+
+    for shift in ((0, 0), (5, 3), (2**12, 7), (9, 2**14)):
+        m, n = (1 + shift[0], 2 + shift[1]), (4 + shift[0], 9 + shift[1])
+        assert abs(score(m, n) - score((1, 2), (4, 9))) <= U64 * 4 * (2**15) * 16
+    # M-RoPE on tokens with one position on every axis is 1-D RoPE, bitwise
+    mrope = RotaryEmbedding(
+        64, layout="half", base=1e6, scaling={"mrope_section": [8, 12, 12]}
+    )
+    x = torch.randn(2, 3, 9, 64)
+    p = torch.arange(100, 109)
+    assert torch.equal(
+        mrope.rotate(x, positions=p.expand(3, -1)),
+        RotaryEmbedding(64, layout="half", base=1e6).rotate(x, positions=p),
+    )
+    cos, _ = mrope.cos_sin(torch.stack([p, p, p])[:, None])  # [3, 1, 9] -> [1, 9, 64]
+    assert cos.shape == (1, 9, 64)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# seq_dim, one tensor, and tables that must fit
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
+def test_seq_dim_minus_3_is_the_transposed_rotation(layout):
+    torch.manual_seed(32)
+    rope = RotaryEmbedding(32, layout=layout, max_len=16, rotary_dim=24)
+    q, k = (
+        torch.randn(2, 8, 12, 32),
+        torch.randn(2, 2, 12, 32),
+    )  # [batch, heads, seq, dim]
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)  # [batch, seq, heads, dim]
+    per = torch.randint(0, 100, (2, 12))
+    for kwargs in ({"offset": 0}, {"offset": 9}, {"positions": per}):
+        got = rope(qt, kt, seq_dim=-3, **kwargs)
+        want = rope(q, k, **kwargs)
+        assert all(torch.equal(a.transpose(1, 2), b) for a, b in zip(got, want))
+        one = rope.rotate(kt, seq_dim=-3, **kwargs)
+        assert torch.equal(one.transpose(1, 2), want[1])
+    kw = {"layout": layout, "rotary_dim": 24}
+    assert torch.equal(apply_rotary(qt, per, seq_dim=-3, **kw).transpose(1, 2),
+                       apply_rotary(q, per, **kw))  # fmt: skip
+    cos, sin = rotary_cos_sin(per, 32, **kw)  # [batch, seq, r]
+    assert torch.equal(apply_rotary(qt, cos=cos, sin=sin, seq_dim=-3, layout=layout),
+                       apply_rotary(q, per, **kw).transpose(1, 2))  # fmt: skip
+
+
+def test_rotate_one_tensor_at_its_own_offset():
+    torch.manual_seed(33)
+    rope = RotaryEmbedding(16, max_len=32)
+    q, k = torch.randn(1, 4, 20, 16), torch.randn(1, 2, 20, 16)
+    full_q, full_k = rope(q, k)
+    cache = torch.cat(
+        [rope.rotate(k[:, :, t : t + 1], offset=t) for t in range(20)], -2
+    )
+    assert torch.equal(cache, full_k)
+    # a query of another length than the keys: each at its own positions
+    assert torch.equal(rope.rotate(q[:, :, -1:], offset=19), full_q[:, :, -1:])
+    assert torch.equal(rope.rotate(k, positions=torch.arange(20)), full_k)
+
+
+def test_tables_of_another_shape_raise_instead_of_broadcasting():
+    x = torch.randn(1, 4, 4, 8)  # [batch, heads = 4, seq_len = 4, head_dim]
+    cos, sin = rotary_cos_sin(4, 8, layout="half")  # [4, 8]
+    apply_rotary(x, cos=cos, sin=sin, layout="half")  # the right shape
+    for c, s in ((cos[:, None], sin[:, None]),  # [seq, 1, r]: would broadcast over heads
+                 (cos[None, None], sin[None, None]),  # [1, 1, seq, r]
+                 (cos.expand(2, 4, 8), sin.expand(2, 4, 8)),  # batch 2 for batch 1
+                 (cos[:3], sin[:3])):  # fmt: skip
+        with pytest.raises(
+            ValueError, match=r"cos and sin must be \[seq_len, rotary_dim\]"
+        ):
+            apply_rotary(x, cos=c, sin=s, layout="half")
+    with pytest.raises(ValueError, match="positions must have shape"):
+        apply_rotary(x, torch.arange(4)[None].expand(4, 4))  # [4, 4] positions, batch 1
+    with pytest.raises(ValueError, match="describe"):
+        apply_rotary(x, cos=cos, sin=sin, layout="half", scaling={"rope_type": "linear",
+                                                                  "factor": 2.0})  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------
+# torch.compile and torch.export of the new settings; negative offsets while tracing
+# ----------------------------------------------------------------------------------------------------------
+
+
+@needs_compile
+@pytest.mark.parametrize("dynamic", [False, True, None])
+def test_compiled_negative_offset_raises(inductor_cache, dynamic):
+    rope = RotaryEmbedding(16, max_len=16)
+    compiled = torch.compile(rope, fullgraph=True, dynamic=dynamic)
+    q = torch.randn(1, 2, 1, 16)
+    for offset in (
+        3,
+        4,
+    ):  # a second value makes dynamic=None trace the offset as a symbol
+        assert all(torch.equal(a, b) for a, b in zip(compiled(q, q, offset=offset),
+                                                     rope(q, q, offset=offset)))  # fmt: skip
+    for offset in (-1, -3):  # -3 used to rotate as position 13, -1 to return nothing
+        with pytest.raises(Exception) as raised:
+            compiled(q, q, offset=offset)
+        text = str(raised.value) + repr(raised.value.__cause__)
+        assert "offset must be an int >= 0" in text
+
+
+@needs_compile
+def test_compiled_scaled_and_multi_axis_modules_are_bitwise_eager(inductor_cache):
+    q = torch.randn(1, 4, 10, 128)
+    llama = RotaryEmbedding(128, layout="half", scaling=LLAMA31, max_len=64)
+    compiled = torch.compile(llama, fullgraph=True)
+    pos = torch.randint(0, 10**5, (1, 10))
+    for kwargs in ({"offset": 5}, {"offset": 60}, {"positions": pos}):
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(compiled(q, q, **kwargs), llama(q, q, **kwargs))
+        )
+    mrope = RotaryEmbedding(128, layout="half", base=1e6,
+                            scaling={"type": "mrope", "mrope_section": [16, 24, 24]})  # fmt: skip
+    p3 = torch.randint(0, 100, (3, 1, 10))
+    compiled = torch.compile(mrope, fullgraph=True)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(compiled(q, q, positions=p3), mrope(q, q, positions=p3))
+    )
+    flux = torch.compile(lambda x, ids: apply_rotary(x, ids, axes_dim=[16, 56, 56], seq_dim=-3),
+                         fullgraph=True)  # fmt: skip
+    x, ids = torch.randn(1, 10, 2, 128), torch.randint(0, 64, (3, 10))
+    assert torch.equal(
+        flux(x, ids), apply_rotary(x, ids, axes_dim=[16, 56, 56], seq_dim=-3)
+    )
+    scaled = torch.compile(lambda x, p: apply_rotary(x, p, layout="half", scaling=LLAMA31),
+                           fullgraph=True)  # fmt: skip
+    assert torch.equal(
+        scaled(q, pos), apply_rotary(q, pos, layout="half", scaling=LLAMA31)
+    )
+
+
+@needs_compile
+def test_frequencies_that_follow_the_sequence_raise_under_compile(inductor_cache):
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64}
+    compiled = torch.compile(RotaryEmbedding(32, scaling=dynamic), fullgraph=True)
+    q = torch.randn(1, 2, 4, 32)
+    with pytest.raises(Exception) as raised:
+        compiled(q, q, positions=torch.arange(4))
+    assert "changes its frequencies with the sequence length" in (
+        str(raised.value) + repr(raised.value.__cause__)
+    )
+
+
+@needs_export
+def test_export_with_scaling_bitwise_and_holds_no_table():
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rope = RotaryEmbedding(128, layout="half", scaling=LLAMA31, max_len=16)
+
+        def forward(
+            self, q: torch.Tensor, k: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.rope(q, k)
+
+    model, seq = Model(), torch.export.Dim("seq", min=2, max=4096)
+    q = torch.randn(1, 2, 6, 128)
+    program = torch.export.export(
+        model, (q, q), dynamic_shapes={"q": {2: seq}, "k": {2: seq}}
+    )
+    assert len(program.constants) == 0
+    for n in (2, 40):
+        q = torch.randn(1, 2, n, 128)
+        assert all(
+            torch.equal(a, b) for a, b in zip(program.module()(q, q), model(q, q))
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Bad inputs: the error names the argument and what was given
 # ----------------------------------------------------------------------------------------------------------
 
@@ -830,7 +1225,12 @@ BAD = [
         r"layout.*'neox'",
     ),
     ("base <= 1", lambda: RotaryEmbedding(8, base=1.0), ValueError, r"base"),
-    ("scale 0", lambda: RotaryEmbedding(8, scale=0), ValueError, r"scale.*got 0"),
+    (
+        "factor 0",  # (was: scale=0)
+        lambda: RotaryEmbedding(8, scaling={"rope_type": "linear", "factor": 0}),
+        ValueError,
+        r"scaling\['factor'\] must be a finite number > 0, got 0",
+    ),
     ("max_len 0", lambda: RotaryEmbedding(8, max_len=0), ValueError, r"max_len.*got 0"),
     (
         "wrong last dim",
@@ -941,6 +1341,172 @@ BAD = [
         r"dtype must be a floating",
     ),
     ("negative count", lambda: rotary_cos_sin(-1, 8), ValueError, r"positions.*got -1"),
+    (
+        "scaling not a dict",
+        lambda: RotaryEmbedding(8, scaling="llama3"),
+        TypeError,
+        r"scaling must be a dict like a model config's rope_parameters",
+    ),
+    (
+        "unknown rope_type",
+        lambda: RotaryEmbedding(8, scaling={"rope_type": "proportional"}),
+        ValueError,
+        r"scaling\['rope_type'\] must be one of 'default', .*'proportional'",
+    ),
+    (
+        "misspelt key",
+        lambda: RotaryEmbedding(8, scaling={"rope_type": "linear", "factr": 2.0}),
+        ValueError,
+        r"key\(s\) \['factr'\] that rope_type 'linear' does not read",
+    ),
+    (
+        "base and rope_theta",
+        lambda: RotaryEmbedding(8, base=1e4, scaling={"rope_theta": 5e5}),
+        ValueError,
+        r"base=10000.0 and scaling\['rope_theta'\]=500000.0 disagree",
+    ),
+    (
+        "rope_type and type",
+        lambda: RotaryEmbedding(8, scaling={"rope_type": "yarn", "type": "linear"}),
+        ValueError,
+        r"rope_type='yarn' and type='linear'",
+    ),
+    (
+        "linear without factor",
+        lambda: RotaryEmbedding(8, scaling={"rope_type": "linear"}),
+        ValueError,
+        r"rope_type 'linear' needs scaling\['factor'\]",
+    ),
+    (
+        "yarn factor below 1",
+        lambda: RotaryEmbedding(
+            8,
+            scaling={
+                "rope_type": "yarn",
+                "factor": 0.5,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        ValueError,
+        r"scaling\['factor'\] must be a finite number >= 1, got 0.5",
+    ),
+    (
+        "dynamic without max_position_embeddings",
+        lambda: RotaryEmbedding(8, scaling={"rope_type": "dynamic", "factor": 2.0}),
+        ValueError,
+        r"needs scaling\['max_position_embeddings'\]",
+    ),
+    (
+        "llama3 without high_freq_factor",
+        lambda: RotaryEmbedding(
+            8, scaling={k: v for k, v in LLAMA31.items() if k != "high_freq_factor"}
+        ),
+        ValueError,
+        r"rope_type 'llama3' needs scaling\['high_freq_factor'\]",
+    ),
+    (
+        "llama3 bands reversed",
+        lambda: RotaryEmbedding(8, scaling={**LLAMA31, "high_freq_factor": 0.5}),
+        ValueError,
+        r"high_freq_factor'\] must be > scaling\['low_freq_factor'\]",
+    ),
+    (
+        "yarn without original length",
+        lambda: RotaryEmbedding(8, scaling={"rope_type": "yarn", "factor": 4.0}),
+        ValueError,
+        r"needs scaling\['original_max_position_embeddings'\]",
+    ),
+    (
+        "longrope factors of the wrong length",
+        lambda: rotary_frequencies(
+            8,
+            scaling={
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 3,
+                "long_factor": [1.0] * 4,
+                "factor": 2.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        ValueError,
+        r"scaling\['short_factor'\] must hold one factor per pair .*\(4 for 8 channels\), got 3",
+    ),
+    (
+        "mrope_section not summing to the pairs",
+        lambda: RotaryEmbedding(16, scaling={"mrope_section": [2, 2, 2]}),
+        ValueError,
+        r"mrope_section'\] must split the 8 pairs .*got \[2, 2, 2\] \(sum 6\)",
+    ),
+    (
+        "axes_dim not summing to the channels",
+        lambda: RotaryEmbedding(16, axes_dim=[4, 4]),
+        ValueError,
+        r"axes_dim must be a list of positive even ints .*summing to the 16 .*\[4, 4\]",
+    ),
+    (
+        "axes_dim and mrope_section",
+        lambda: RotaryEmbedding(16, axes_dim=[8, 8], scaling={"mrope_section": [4, 4]}),
+        ValueError,
+        r"either axes_dim .* or scaling\['mrope_section'\]",
+    ),
+    (
+        "axes_dim with yarn",
+        lambda: RotaryEmbedding(
+            16,
+            axes_dim=[8, 8],
+            scaling={
+                "rope_type": "yarn",
+                "factor": 2.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        ValueError,
+        r"axes_dim supports rope_type 'default' and 'linear', got 'yarn'",
+    ),
+    (
+        "multi-axis with an offset",
+        lambda: RotaryEmbedding(16, axes_dim=[8, 8])(
+            torch.zeros(1, 2, 3, 16), torch.zeros(1, 2, 3, 16)
+        ),
+        ValueError,
+        r"multi-axis RoPE needs positions=\[2, seq_len\]",
+    ),
+    (
+        "multi-axis positions of one axis",
+        lambda: apply_rotary(
+            torch.zeros(1, 2, 3, 16), torch.arange(3), axes_dim=[8, 8]
+        ),
+        ValueError,
+        r"positions must have shape \[axes, seq_len\]=\(2, 3,\)",
+    ),
+    (
+        "seq_dim -1",
+        lambda: apply_rotary(_q, seq_dim=-1),
+        ValueError,
+        r"seq_dim must be -2 .* or -3 .*got -1",
+    ),
+    (
+        "partial_rotary_factor and rotary_dim",
+        lambda: RotaryEmbedding(
+            8, rotary_dim=8, scaling={"partial_rotary_factor": 0.5}
+        ),
+        ValueError,
+        r"rotary_dim=8 disagrees with scaling\['partial_rotary_factor'\]=0.5",
+    ),
+    (
+        "tables with scaling",
+        lambda: apply_rotary(
+            _q, cos=torch.ones(3, 8), sin=torch.zeros(3, 8), base=500.0
+        ),
+        ValueError,
+        r"base describe\(s\) how tables are computed",
+    ),
+    (
+        "rotate: wrong head_dim",
+        lambda: RotaryEmbedding(16).rotate(_q),
+        ValueError,
+        r"x's last dimension must be head_dim=16",
+    ),
 ]
 
 
@@ -1007,3 +1573,40 @@ def test_cuda_module_decoding_bitwise_and_compiled_within_bound(tmp_path, monkey
     for got, want, x in zip(compiled(q, k, offset=3), rope(q, k, offset=3), (q, k)):
         assert ((got - want).abs().cpu() <= 2 * float32_bound(x.cpu(), 64)).all()
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+def test_cuda_scaled_and_multi_axis_rotations_match_the_cpu_and_keep_their_state():
+    # llama3 tables, M-RoPE positions and dynamic NTK's state on the device: the CPU's values to the float32
+    # bound (the float64 tables of both are the same values, rounded once), the same state after each call
+    torch.manual_seed(22)
+    q = torch.randn(2, 4, 40, 128)
+    pos3 = torch.randint(0, 4096, (3, 2, 40))
+    cases = [
+        (
+            {"layout": "half", "scaling": LLAMA31},
+            {"positions": torch.randint(0, 10**5, (2, 40))},
+        ),
+        (
+            {"layout": "half", "base": 1e6, "scaling": {"mrope_section": [16, 24, 24]}},
+            {"positions": pos3},
+        ),
+        ({"axes_dim": [32, 48, 48]}, {"positions": pos3}),
+    ]
+    for options, kwargs in cases:
+        rope = RotaryEmbedding(128, **options)
+        cpu = rope.rotate(q, **kwargs)
+        cuda = rope.to("cuda").rotate(
+            q.cuda(), **{k: v.cuda() for k, v in kwargs.items()}
+        )
+        assert cuda.device.type == "cuda"
+        assert ((cuda.cpu() - cpu).abs() <= 2 * float32_bound(q, 10**5)).all()
+    dynamic = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 512}
+    on_cpu, on_cuda = (
+        RotaryEmbedding(64, scaling=dynamic),
+        RotaryEmbedding(64, scaling=dynamic),
+    )
+    for length in (100, 700, 300):
+        on_cpu.cos_sin(torch.arange(length))
+        on_cuda.cos_sin(torch.arange(length, device="cuda"))
+        assert on_cpu._seq_len == on_cuda._seq_len

@@ -35,6 +35,7 @@ PACKAGE_TESTS = [
     "test_reliability.py",
     "test_compile.py",
     "test_ddp.py",
+    "test_timesteps.py",
 ]
 OPTIONAL_TESTS = ["test_rotary.py"]
 # torch 2.3 was built against NumPy 1.x; the rest is what tests/ imports.

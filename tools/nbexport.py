@@ -90,7 +90,10 @@ def export_notebook(path: Path, root: Path = ROOT) -> tuple[str, str] | None:
     source += "".join(f"{line}\n" for line in future) + ("\n" if future else "")
     # isort-style order, as ruff's RUF022 wants: CONSTANTS, Classes, functions
     names.sort(key=lambda n: (0 if n.isupper() else 1 if n[0].isupper() else 2, n))
-    source += "__all__ = [" + ", ".join(f'"{n}"' for n in names) + "]\n\n" + body + "\n"
+    all_line = "__all__ = [" + ", ".join(f'"{n}"' for n in names) + "]"
+    if len(all_line) > 88:  # wrapped as `ruff format` wraps it
+        all_line = "__all__ = [\n" + "".join(f'    "{n}",\n' for n in names) + "]"
+    source += all_line + "\n\n" + body + "\n"
     return module, source
 
 
