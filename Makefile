@@ -8,6 +8,9 @@ NOTEBOOKS := $(sort $(wildcard book/*.ipynb))
 
 # Parallel test workers (pytest-xdist): one per CPU core by default; `make test TEST_JOBS=1` runs serially.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# torch threads per test worker: the workers already fill the cores (measured on 2 cores: 227 s with one thread
+# each, 249 s with torch's default of one per core). `make test-portable` also runs the notebooks at the default.
+TEST_THREADS ?= $(if $(filter 1,$(TEST_JOBS)),$(shell nproc 2>/dev/null || echo 1),1)
 # JupyterLab refuses to start as root without --allow-root (containers often run as root).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
@@ -45,15 +48,21 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps -r requirements-nodeps.txt
 	@touch $(STAMP)
 
+# Sphinx copies book/_static only when some page is rebuilt: when a static file (CSS, fonts) differs from its
+# copy in the built book, every page is rebuilt (--all, about 20 s) so that the change reaches the book.
 book: $(STAMP)
-	$(VENV)/bin/jupyter-book build . -W --keep-going
+	@all=""; for f in $$(find book/_static -type f); do \
+	  c=_build/html/_static/$${f#book/_static/}; cmp -s "$$f" "$$c" || all="--all"; done; \
+	  if [ -n "$$all" ] && [ -d _build/html ]; then echo "book/_static changed: rebuilding every page"; fi; \
+	  echo $(VENV)/bin/jupyter-book build . -W --keep-going $$all; \
+	  $(VENV)/bin/jupyter-book build . -W --keep-going $$all
 	@echo "The book is at $(CURDIR)/_build/html/index.html"
 
 # The browser tests read the built book, so the book is (re)built first (incremental: seconds when unchanged).
 # pytest's options (nbval, strict, the sanitize file, tests/nbval_plugin.py) are in pyproject.toml, so a plain
 # `pytest` at the root runs this same suite.
 test: book
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup tests book
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup tests book
 
 # How long `make test` takes here, and where the time goes (a benchmark, not a test: nothing asserts a time).
 test-time: $(STAMP)
@@ -71,7 +80,7 @@ test-floor: $(STAMP)
 	$(PY) tools/floor_check.py
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -x -q tests
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -x -q tests
 
 # Export first: the notebooks import posenc, which must be what their exported cells say.
 notebooks: $(STAMP)

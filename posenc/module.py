@@ -405,7 +405,19 @@ class _not_traced:
             torch._C._set_tracing_state(self._state)
 
 
-@torch.compiler.assume_constant_result
+def _assume_constant_result(fn: Any) -> Any:
+    """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo.
+
+    The decorator only marks ``fn`` (the attribute dynamo reads when it traces a call);
+    applied at import time it would import torch._dynamo, two seconds of every
+    ``import posenc`` that never compiles. tests/test_compile.py checks that the mark
+    is the one torch's decorator sets.
+    """
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
 def _build_table_outside_graph(
     module: PositionalEncoding, device: torch.device, dtype: torch.dtype
 ) -> bool:
@@ -422,7 +434,7 @@ def _build_table_outside_graph(
     return True
 
 
-@torch.compiler.assume_constant_result
+@_assume_constant_result
 def _constant_base(module: PositionalEncoding) -> float:
     """``module.base`` as a constant of the traced graph (checked at construction,
     never changed)."""

@@ -31,6 +31,7 @@ from posenc.encoding import (
     _omega,
     _round_once,
 )
+from posenc.module import _assume_constant_result
 
 #: Channel layouts of the rotated pairs: (2i, 2i+1), or (i, i + rotary_dim / 2).
 ROTARY_LAYOUTS = ("interleaved", "half")
@@ -922,7 +923,7 @@ class RotaryEmbedding(nn.Module):
             return _rotate(torch.stack((q, k)), cos, sin, sign, self.layout).unbind(0)
         q_out = _rotate(q, cos, sin, sign, self.layout)
         if _compute_dtype(k) != _compute_dtype(q):  # rare: q and k of different dtypes
-            # k's own rows, rounded once to its dtype (not q's rows converted: rounded twice)
+            # k's own rows: q's, converted, would be rounded twice
             cos, sin, sign = self._rows(k, offset, positions, seq_dim, "k")
         return q_out, _rotate(k, cos, sin, sign, self.layout)
 
@@ -1011,7 +1012,7 @@ def _check_q_k(
 _is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
 
 
-@torch.compiler.assume_constant_result
+@_assume_constant_result
 def _build_table_outside_graph(
     module: RotaryEmbedding, device: torch.device, dtype: torch.dtype
 ) -> bool:

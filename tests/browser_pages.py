@@ -45,6 +45,12 @@ COLLECT = r"""async () => {
   const imgs = Array.from(document.images);
   for (const img of imgs) img.loading = 'eager';
   await Promise.all(imgs.map(img => img.decode().catch(() => null)));
+  await document.fonts.ready;
+  // the code font served with the book (book/_static/posenc.css), loaded and used by code blocks
+  const codeFont = {loaded: Array.from(document.fonts).filter(f => f.family.replace(/"/g, '') === 'posenc mono')
+                                  .map(f => f.status),
+                    used: Array.from(document.querySelectorAll('pre')).slice(0, 1)
+                               .map(p => getComputedStyle(p).fontFamily)};
   const images = imgs.map(img => ({src: img.currentSrc || img.src, ok: img.complete && img.naturalWidth > 0}));
   const maths = Array.from(document.querySelectorAll('.math'));
   const untypeset = maths.filter(m => !m.querySelector('mjx-container')).map(m => m.textContent.slice(0, 80));
@@ -71,7 +77,7 @@ COLLECT = r"""async () => {
   const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.href);
   const downloads = Array.from(document.querySelectorAll('a.btn-download-source-button')).map(a => a.href);
   const code = Array.from(document.querySelectorAll('pre')).map(p => p.textContent);
-  return {images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, links, downloads, code,
+  return {codeFont, images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, links, downloads, code,
           text: article.innerText, firstParagraph,
           lastHeading: lastSection ? h2s[h2s.length - 1].innerText : '',
           lastSectionText: lastSection ? lastSection.innerText : ''};

@@ -19,6 +19,9 @@ import torch
 
 #: Test files that drive the browser: one group, one Chromium.
 BROWSER_FILES = ("test_browser.py", "test_layout.py")
+#: Test files whose module-scoped fixture is expensive (a DDP launch): each such file is one
+#: unit, so that the fixture runs once per run rather than once per worker.
+FILE_UNITS = ("test_ddp.py",)
 #: Tests that take many seconds each; started early, like the groups (seconds measured on 2 cores, serial run).
 SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_export.py")
 
@@ -31,8 +34,11 @@ def scope_of(nodeid: str) -> str:
         head.endswith(".ipynb") or "::ipynb::" in nodeid
     ):  # pytest 9 may render "nb::ipynb::Cell 3"
         return f"notebook {head.removesuffix('.ipynb')}"
-    if head.rsplit("/", 1)[-1] in BROWSER_FILES:
+    name = head.rsplit("/", 1)[-1]
+    if name in BROWSER_FILES:
         return "browser"
+    if name in FILE_UNITS:
+        return head
     return nodeid
 
 

@@ -3,8 +3,10 @@
 1. **A private torch.compile cache per run.** ``torch.compile`` keeps compiled kernels in an on-disk cache shared
    by every checkout and every run (``/tmp/torchinductor_<user>``). Reused after torch's CPU kernel family
    changed (``ATEN_CPU_CAPABILITY=avx2`` after an AVX-512 run), it has returned *silently wrong* compiled
-   results here. Each pytest session therefore gets a fresh ``TORCHINDUCTOR_CACHE_DIR``, set before any test
-   imports inductor and inherited by the notebook kernels nbval starts; it is removed at the end.
+   results here. Each pytest run therefore gets a fresh ``TORCHINDUCTOR_CACHE_DIR``, set before any test
+   imports inductor and inherited by its pytest-xdist workers and the notebook kernels nbval starts (one
+   run, one machine, one kernel family: a graph compiled by a test and again by a chapter is compiled once);
+   it is removed at the end.
 2. **torch's notices about its environment are not outputs.** A CUDA build of torch on a machine without a GPU
    logs "No CUDA runtime is found ..." and Python 3.13.0 makes dynamo warn "Guards may run slower ...". They
    say nothing about the notebook, so stderr lines matching :data:`TORCH_NOTICES` are removed before nbval
@@ -57,12 +59,20 @@ def drop_torch_notices(outputs: list[Any]) -> list[Any]:
 
 
 _cache_dir: str | None = None
+#: Set by the process that created this run's cache: pytest-xdist workers (and the notebook kernels and
+#: subprocesses they start) inherit it and share the cache; only its creator removes it.
+RUN_CACHE_VARIABLE = "POSENC_RUN_INDUCTOR_CACHE"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     global _cache_dir
-    _cache_dir = tempfile.mkdtemp(prefix="posenc-inductor-")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache_dir
+    inherited = os.environ.get(RUN_CACHE_VARIABLE)
+    if inherited and os.path.isdir(inherited):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inherited  # a worker of this same run
+    else:
+        _cache_dir = tempfile.mkdtemp(prefix="posenc-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache_dir
+        os.environ[RUN_CACHE_VARIABLE] = _cache_dir
     try:
         import nbval.plugin as nbval_plugin
     except ImportError:  # the package tests also run where Jupyter is not installed
@@ -94,3 +104,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _cache_dir is not None:
         shutil.rmtree(_cache_dir, ignore_errors=True)
+        if os.environ.get(RUN_CACHE_VARIABLE) == _cache_dir:
+            del os.environ[RUN_CACHE_VARIABLE]

@@ -157,6 +157,23 @@ def test_every_image_loads(visit: Callable[..., Visit], docname: str) -> None:
     assert not broken, f"{docname}: images that did not load (naturalWidth 0): {broken}"
 
 
+@pytest.mark.parametrize("docname", PAGES)
+def test_code_is_set_in_the_font_served_with_the_book(
+    visit: Callable[..., Visit], docname: str
+) -> None:
+    """Code blocks use book/_static/fonts (DejaVu Sans Mono), not the machine's own monospace font, so the
+    widths tests/test_layout.py measures are the widths every reader sees."""
+    font = visit(html_path(docname)).dom["codeFont"]
+    if not font["used"]:
+        pytest.skip(f"{docname} has no code block")
+    assert font["used"][0].startswith('"posenc mono"'), (
+        f"{docname}: code blocks use {font['used'][0]!r}, not the served font (book/_static/posenc.css)"
+    )
+    assert "loaded" in font["loaded"] and "error" not in font["loaded"], (
+        f"{docname}: the served code font did not load ({font['loaded']}): book/_static/fonts"
+    )
+
+
 def broken_links(seen: Visit, fetch: Callable[[str], tuple[int, str]]) -> list[str]:
     """The local links of a visited page whose target (or #fragment) does not exist."""
     broken = []

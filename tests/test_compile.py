@@ -259,3 +259,35 @@ def test_jit_script_raises_a_clear_error_naming_the_alternatives():
         ):
             warnings.simplefilter("ignore")
             torch.jit.script(model)
+
+
+@needs_compile
+def test_constant_marks_are_the_ones_torch_sets_and_import_skips_dynamo():
+    """posenc marks its compile-time constants itself (``posenc.module._assume_constant_result``), so that
+    ``import posenc`` does not import torch._dynamo; the mark must be exactly what
+    ``torch.compiler.assume_constant_result`` sets (the compile tests then exercise it)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from posenc import module, rotary
+
+    def probe():
+        return 1
+
+    marked = torch.compiler.assume_constant_result(probe)
+    assert marked is probe and set(vars(probe)) == {"_dynamo_marked_constant"}
+    for fn in (
+        module._build_table_outside_graph,
+        module._constant_base,
+        rotary._build_table_outside_graph,
+    ):
+        assert {k: v for k, v in vars(fn).items() if k.startswith("_dynamo")} == vars(
+            probe
+        ), fn
+    check = "import sys, posenc; sys.exit('torch._dynamo' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True
+    )
+    assert result.returncode == 0, "import posenc imports torch._dynamo" + result.stderr

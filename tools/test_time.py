@@ -30,7 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.bench import machine  # noqa: E402
 
-SUMMARY = re.compile(r"=+ (?P<summary>.*\d+ passed.*) in (?P<seconds>[\d.]+)s")
+SUMMARY = re.compile(
+    r"^(?:=+ )?(?P<summary>(?:\d+ \w+, )*\d+ (?:passed|failed)[^\n]*?) in (?P<seconds>[\d.]+)s",
+    re.MULTILINE,
+)
 DURATION = re.compile(
     r"^(?P<seconds>[\d.]+)s (?P<when>setup|call|teardown)\s+(?P<item>\S.*)$"
 )
