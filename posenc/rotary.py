@@ -92,7 +92,12 @@ def _check_seq_dim(seq_dim: object) -> int:
 def _check_positions(positions: Tensor) -> None:
     """Integer dtype always; values >= 0 where they can be read (not while tracing)."""
     _check_integer_tensor(
-        "positions", positions, "pass e.g. positions.long() (token indices 0, 1, ...)"
+        "positions",
+        positions,
+        "integer positions are required (token indices 0, 1, 2, ..., e.g. "
+        "torch.arange(seq_len)); fractional positions, as in position "
+        "interpolation, are integer positions with scaling={'rope_type': "
+        "'linear', 'factor': f}",
     )
     checkable = not torch.compiler.is_compiling() and positions.device.type != "meta"
     if checkable and positions.numel() and int(positions.min()) < 0:

@@ -15,7 +15,6 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from tests.browser_helpers import (
-    DESKTOP,
     PHONE,
     WAIT_FOR_MATHJAX,
     is_local,
@@ -215,8 +214,7 @@ def visitor(context: Any, base_url: str, book_dir: Path) -> Callable[..., Visit]
             result.layout["desktop"] = page.evaluate(MEASURE)
             page.set_viewport_size(PHONE)
             result.layout["phone"] = page.evaluate(MEASURE)
-            page.set_viewport_size(DESKTOP)
-            page.wait_for_load_state("networkidle")
+            page.wait_for_load_state("networkidle")  # requests the phone layout made
         finally:
             page.close()
         cache[path] = result

@@ -6,7 +6,7 @@
    results here. Each pytest run therefore gets a fresh ``TORCHINDUCTOR_CACHE_DIR``, set before any test
    imports inductor and inherited by its pytest-xdist workers and the notebook kernels nbval starts (one
    run, one machine, one kernel family: a graph compiled by a test and again by a chapter is compiled once);
-   it is removed at the end.
+   it lives in the run's own directory (``POSENC_RUN_DIR``), which is removed at the end.
 2. **torch's notices about its environment are not outputs.** A CUDA build of torch on a machine without a GPU
    logs "No CUDA runtime is found ..." and Python 3.13.0 makes dynamo warn "Guards may run slower ...". They
    say nothing about the notebook, so stderr lines matching :data:`TORCH_NOTICES` are removed before nbval
@@ -58,21 +58,27 @@ def drop_torch_notices(outputs: list[Any]) -> list[Any]:
     return kept
 
 
-_cache_dir: str | None = None
-#: Set by the process that created this run's cache: pytest-xdist workers (and the notebook kernels and
-#: subprocesses they start) inherit it and share the cache; only its creator removes it.
-RUN_CACHE_VARIABLE = "POSENC_RUN_INDUCTOR_CACHE"
+_run_dir: str | None = None
+#: A directory for this whole run, set by the process that created it: pytest-xdist workers (and the notebook
+#: kernels and subprocesses they start) inherit it and share what it holds (the torch.compile cache in
+#: ``inductor/``; ``tests.ddp_worker.launch``'s one DDP measurement per run); only its creator removes it.
+RUN_DIR_VARIABLE = "POSENC_RUN_DIR"
+
+
+def run_dir() -> str | None:
+    """This pytest run's shared directory, or None outside a run (a notebook opened by hand)."""
+    found = os.environ.get(RUN_DIR_VARIABLE)
+    return found if found and os.path.isdir(found) else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _cache_dir
-    inherited = os.environ.get(RUN_CACHE_VARIABLE)
-    if inherited and os.path.isdir(inherited):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inherited  # a worker of this same run
-    else:
-        _cache_dir = tempfile.mkdtemp(prefix="posenc-inductor-")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = _cache_dir
-        os.environ[RUN_CACHE_VARIABLE] = _cache_dir
+    global _run_dir
+    if run_dir() is None:  # not a worker of a run that made one: this process makes it
+        _run_dir = tempfile.mkdtemp(prefix="posenc-run-")
+        os.environ[RUN_DIR_VARIABLE] = _run_dir
+    cache = os.path.join(os.environ[RUN_DIR_VARIABLE], "inductor")
+    os.makedirs(cache, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     try:
         import nbval.plugin as nbval_plugin
     except ImportError:  # the package tests also run where Jupyter is not installed
@@ -102,7 +108,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _cache_dir is not None:
-        shutil.rmtree(_cache_dir, ignore_errors=True)
-        if os.environ.get(RUN_CACHE_VARIABLE) == _cache_dir:
-            del os.environ[RUN_CACHE_VARIABLE]
+    if _run_dir is not None:
+        shutil.rmtree(_run_dir, ignore_errors=True)
+        if os.environ.get(RUN_DIR_VARIABLE) == _run_dir:
+            del os.environ[RUN_DIR_VARIABLE]

@@ -8,12 +8,15 @@ chapter ``book/09_reliability.ipynb`` prints the same measurements.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from tests import ddp_worker
 from tests.ddp_worker import MODELS, SEQ_LENS, STEPS, launch
 
 pytestmark = pytest.mark.skipif(
@@ -35,6 +38,22 @@ def report() -> dict:
         f"DDP workers finished in {time.perf_counter() - start:.1f} s", file=sys.stderr
     )
     return result
+
+
+def test_one_measurement_serves_the_whole_run(
+    report: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tests.ddp_worker.launch stores the report in the run's directory (tests/nbval_plugin.py): chapter 09,
+    # in a notebook kernel of this run, reads it instead of starting two more processes
+    assert Path(os.environ["POSENC_RUN_DIR"], "ddp-report-2.json").is_file()
+
+    def measure_again(*args: object) -> None:
+        raise AssertionError(
+            "launch started the workers again instead of reading the run's report"
+        )
+
+    monkeypatch.setattr(ddp_worker, "_launch", measure_again)
+    assert launch(world_size=2, timeout=180.0) == report
 
 
 def test_every_rank_reports_every_model(report: dict) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,11 @@ GUARDS_NOTICE = (
 
 def test_this_run_has_a_private_inductor_cache() -> None:
     cache = os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    assert Path(cache).name.startswith("posenc-inductor-") and Path(cache).is_dir()
+    assert Path(cache).is_dir() and Path(cache).name == "inductor"
+    assert Path(cache).parent.name.startswith("posenc-run-")
+    assert (
+        str(Path(cache).parent) == os.environ["POSENC_RUN_DIR"]
+    )  # the run's directory, shared by workers
 
 
 def test_only_torch_notices_are_stripped() -> None:
@@ -61,10 +66,11 @@ def _notebook(path: Path, code: str, stored: str) -> None:
     path.write_text(json.dumps(nb))
 
 
-def _nbval(path: Path) -> subprocess.CompletedProcess:
+def _nbval(*paths: Path) -> subprocess.CompletedProcess:
+    """One nested nbval run over ``paths`` (one pytest start for all), ``-rA``: a line per outcome."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir",
-         str(path.parent), "-p", "tests.nbval_plugin", "--nbval", "--nbval-current-env", str(path)],
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir",
+         str(paths[0].parent), "-p", "tests.nbval_plugin", "--nbval", "--nbval-current-env", *map(str, paths)],
         cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
 
@@ -83,11 +89,13 @@ def test_a_cell_with_a_torch_notice_on_stderr_passes_and_any_other_stderr_fails(
         "print('result')",
         "result\n",
     )
-    result = _nbval(notice)
-    assert result.returncode == 0, result.stdout[-3000:]
     other = tmp_path / "other.ipynb"
     _notebook(
         other, "import sys\nprint('oops', file=sys.stderr)\nprint('result')", "result\n"
     )
-    result = _nbval(other)
-    assert result.returncode != 0 and "stderr" in result.stdout, result.stdout[-3000:]
+    result = _nbval(notice, other)
+    out = result.stdout
+    assert re.search(r"^PASSED \S*notice\.ipynb::Cell 0$", out, re.M), out[-3000:]
+    assert re.search(r"^FAILED \S*other\.ipynb::Cell 0$", out, re.M), out[-3000:]
+    assert "stderr" in out, out[-3000:]
+    assert result.returncode != 0 and "1 failed, 1 passed" in out, out[-3000:]

@@ -27,9 +27,11 @@ the bits of the one remaining path; the peers that install moved to tests/test_r
 
 from __future__ import annotations
 
+import ast
 import copy
 import math
 import pickle
+import re
 
 import mpmath
 import numpy as np
@@ -1516,6 +1518,32 @@ BAD = [
 def test_bad_inputs_raise_helpful_errors(name, call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_fractional_positions_are_refused_pointing_to_linear_scaling() -> None:
+    # positions.long() would turn 0.5 into 0 without a word: the message must not advise it; the scaling it
+    # names instead runs, and rotates integer positions p as the fractional positions p / factor
+    with pytest.raises(TypeError) as info:
+        RotaryEmbedding(8)(_q, _q, positions=torch.tensor([0.0, 0.5, 1.5]))
+    message = str(info.value)
+    assert ".long()" not in message, message
+    for words in ("positions", "torch.float32", "integer positions are required"):
+        assert words in message, message
+    scaling = re.search(r"scaling=(\{.*\})", message)
+    assert scaling, message
+    config = ast.literal_eval(
+        scaling.group(1).replace("f}", "2.0}")
+    )  # the dict as the message writes it
+    cos, sin = rotary_cos_sin(
+        torch.tensor([0, 1, 3]), 8, scaling=config, dtype=torch.float64
+    )
+    angles = torch.tensor([0.0, 0.5, 1.5], dtype=torch.float64)[:, None] * (
+        10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    )
+    expected = angles.repeat_interleave(2, -1)  # the default layout, interleaved
+    assert torch.allclose(cos, expected.cos(), atol=1e-15) and torch.allclose(
+        sin, expected.sin(), atol=1e-15
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
