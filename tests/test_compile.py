@@ -291,3 +291,26 @@ def test_constant_marks_are_the_ones_torch_sets_and_import_skips_dynamo():
         [sys.executable, "-c", check], capture_output=True, text=True
     )
     assert result.returncode == 0, "import posenc imports torch._dynamo" + result.stderr
+
+
+@needs_compile
+def test_compiled_decoding_is_traced_once_not_once_per_offset() -> None:
+    # one token per step at offsets 2..13, as a decoding loop calls the module: the offset is traced as a symbol
+    # (dynamic=None: a static first graph, then one symbolic one), not one graph per offset
+    from torch._dynamo.utils import counters
+
+    for dynamic, most in ((True, 1), (None, 2)):
+        torch._dynamo.reset()
+        module = PositionalEncoding(64, max_len=64).eval()
+        compiled = torch.compile(
+            module, backend="eager", fullgraph=True, dynamic=dynamic
+        )
+        counters.clear()
+        for offset in range(2, 14):
+            x = torch.randn(1, 2, 64)
+            assert torch.equal(compiled(x, offset=offset), module(x, offset=offset))
+        assert counters["stats"]["unique_graphs"] <= most, (
+            dynamic,
+            dict(counters["stats"]),
+        )
+    torch._dynamo.reset()

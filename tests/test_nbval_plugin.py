@@ -66,12 +66,18 @@ def _notebook(path: Path, code: str, stored: str) -> None:
     path.write_text(json.dumps(nb))
 
 
+def _env() -> dict[str, str]:
+    """This environment without options meant for the outer run (tools/test_time.py's PYTEST_ADDOPTS)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    return {**env, "PYTHONPATH": str(ROOT)}
+
+
 def _nbval(*paths: Path) -> subprocess.CompletedProcess:
     """One nested nbval run over ``paths`` (one pytest start for all), ``-rA``: a line per outcome."""
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir",
          str(paths[0].parent), "-p", "tests.nbval_plugin", "--nbval", "--nbval-current-env", *map(str, paths)],
-        cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT, capture_output=True, text=True, env=_env(),
     )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import copy
 import math
+import os
 import pickle
 import re
 
@@ -697,9 +698,12 @@ def test_gradients_flow_through_the_rotation():
 
 
 @pytest.fixture
-def inductor_cache(tmp_path, monkeypatch):
-    """A private inductor cache: a shared on-disk cache has produced wrong code on this project's machines."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+def inductor_cache():
+    """Fresh dynamo state around a compiled test. The inductor cache is already private: one per test run, made
+    by tests/nbval_plugin.py (a cache shared across runs has produced wrong code on this project's machines)."""
+    assert "posenc-run-" in os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""), (
+        "tests/nbval_plugin.py not loaded"
+    )
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
@@ -1129,6 +1133,26 @@ def test_compiled_negative_offset_raises(inductor_cache, dynamic):
             compiled(q, q, offset=offset)
         text = str(raised.value) + repr(raised.value.__cause__)
         assert "offset must be an int >= 0" in text
+
+
+@needs_compile
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_compiled_decoding_is_traced_once_not_once_per_offset(inductor_cache, dynamic):
+    # one token per step at offsets 2..13, as a decoding loop calls it. The offset is traced as a symbol (one
+    # graph; dynamic=None first traces a static one); operator.index once specialised every graph to its
+    # offset: 8 graphs, then dynamo's recompile limit, a warning and eager mode
+    from torch._dynamo.utils import counters
+
+    rope = RotaryEmbedding(32, max_len=64)
+    compiled = torch.compile(rope, backend="eager", fullgraph=True, dynamic=dynamic)
+    counters.clear()
+    for offset in range(2, 14):
+        q, k = torch.randn(1, 2, 1, 32), torch.randn(1, 2, 1, 32)
+        got, want = compiled(q, k, offset=offset), rope(q, k, offset=offset)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), offset
+    assert counters["stats"]["unique_graphs"] <= (1 if dynamic else 2), dict(
+        counters["stats"]
+    )
 
 
 @needs_compile

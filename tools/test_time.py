@@ -78,6 +78,7 @@ def one_run(repo: Path, make_vars: list[str]) -> dict[str, Any]:
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
         "slowest": slowest,
+        "failed": re.findall(r"^FAILED (\S+)", out, re.MULTILINE),
     }
 
 
@@ -107,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         if run["exit_status"]:
-            print("make test failed: the times above are of a red run", file=sys.stderr)
+            print(
+                "make test failed: the times above are of a red run; failed: "
+                + (", ".join(run["failed"]) or "(see `make test`)"),
+                file=sys.stderr,
+            )
     walls = [r["make_test_wall_s"] for r in runs]
     result = {
         "schema": "posenc.test-time/1",
