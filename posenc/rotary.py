@@ -113,8 +113,9 @@ def _check_offset(offset: object, name: str = "offset") -> int:
     fix = "the position of the first token, e.g. 128 when decoding"
     if name == "positions":
         fix += "; or an integer tensor [seq_len] or [batch, seq_len]"
+    symbolic = offset.__class__ is torch.SymInt
     tracing_int = torch.compiler.is_compiling() and isinstance(offset, int)
-    if (offset.__class__ is torch.SymInt or tracing_int) and not isinstance(offset, bool):
+    if (symbolic or tracing_int) and not isinstance(offset, bool):
         # while tracing: a comparison guards on the sign alone, operator.index would
         # specialise the graph to this one offset (a recompile per decoding step)
         if offset < 0:
