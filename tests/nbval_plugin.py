@@ -12,7 +12,12 @@
    say nothing about the notebook, so stderr lines matching :data:`TORCH_NOTICES` are removed before nbval
    compares a cell's outputs (and by ``tools/nbrun.py`` before outputs are stored). Any other stderr output
    still fails the cell.
-3. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
+3. **No grammar built at start-up.** nbval reads notebooks with nbformat, which imports jsonschema, which imports
+   ``rfc3987_syntax`` when it is installed (jupyter-events needs it) to check the ``"iri"`` string format; that
+   import builds a parser grammar, 2.3 s in every pytest process (the xdist controller and each worker). No
+   schema read here uses that format (nbformat's have no ``format`` keyword), so the import is refused in the
+   test processes: this plugin is loaded (``-p`` in pyproject.toml) before pytest loads nbval.
+4. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
    tests) or without CUDA (the GPU tests) says so in one place.
 """
 
@@ -21,10 +26,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import tempfile
 from typing import Any
 
 import pytest
+
+if (
+    "rfc3987_syntax" not in sys.modules
+):  # see 3. above; jsonschema then skips the "iri" format
+    sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
 
 #: stderr lines that torch prints about the machine it runs on, never about the computation.
 TORCH_NOTICES = (

@@ -105,3 +105,13 @@ def test_a_cell_with_a_torch_notice_on_stderr_passes_and_any_other_stderr_fails(
     assert re.search(r"^FAILED \S*other\.ipynb::Cell 0$", out, re.M), out[-3000:]
     assert "stderr" in out, out[-3000:]
     assert result.returncode != 0 and "1 failed, 1 passed" in out, out[-3000:]
+
+
+def test_the_iri_grammar_is_not_built_and_notebooks_still_validate() -> None:
+    import nbformat
+
+    assert "rfc3987_syntax" in sys.modules and sys.modules["rfc3987_syntax"] is None
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        nbformat.validate(
+            nbformat.read(path, as_version=4)
+        )  # raises if a notebook is invalid
