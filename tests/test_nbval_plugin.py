@@ -75,8 +75,9 @@ def _env() -> dict[str, str]:
 def _nbval(*paths: Path) -> subprocess.CompletedProcess:
     """One nested nbval run over ``paths`` (one pytest start for all), ``-rA``: a line per outcome."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-c", "/dev/null", "--rootdir",
-         str(paths[0].parent), "-p", "tests.nbval_plugin", "--nbval", "--nbval-current-env", *map(str, paths)],
+        [sys.executable, "-m", "pytest", "-q", "-rA", "--color=no", "-p", "no:cacheprovider", "-c", "/dev/null",
+         "--rootdir", str(paths[0].parent), "-p", "tests.nbval_plugin", "--nbval", "--nbval-current-env",
+         *map(str, paths)],
         cwd=ROOT, capture_output=True, text=True, env=_env(),
     )  # fmt: skip
 
@@ -101,8 +102,8 @@ def test_a_cell_with_a_torch_notice_on_stderr_passes_and_any_other_stderr_fails(
     )
     result = _nbval(notice, other)
     out = result.stdout
-    assert re.search(r"^PASSED \S*notice\.ipynb::Cell 0$", out, re.M), out[-3000:]
-    assert re.search(r"^FAILED \S*other\.ipynb::Cell 0$", out, re.M), out[-3000:]
+    assert re.search(r"^PASSED \S*notice\.ipynb::Cell 0\b", out, re.M), out[-3000:]
+    assert re.search(r"^FAILED \S*other\.ipynb::Cell 0\b", out, re.M), out[-3000:]
     assert "stderr" in out, out[-3000:]
     assert result.returncode != 0 and "1 failed, 1 passed" in out, out[-3000:]
 
