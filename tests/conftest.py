@@ -1,11 +1,12 @@
 """Shared test configuration.
 
 - CUDA-only tests are marked ``gpu`` and skipped cleanly without CUDA.
-- **Parallel runs** (``make test`` runs ``pytest -n <cores> --dist loadgroup``, pytest-xdist, scheduled by
-  :class:`GroupedScheduling`): each notebook's cells form one unit (nbval runs them in order, in one kernel, on
-  one worker), and every browser test is in the unit ``browser``, so that one Chromium, started once, serves
-  them all (:func:`chromium`). Other tests are spread one by one. Items are ordered longest-first (notebooks
-  and the browser group, then the slow files), so that no long unit starts last and leaves a worker idle.
+- **Parallel runs** (``make test`` runs ``pytest -n <cores> --dist loadgroup``, pytest-xdist): scheduled by
+  ``GroupedScheduling`` in tests/nbval_plugin.py, which every run loads (``pytest book`` too, which never reads
+  this file). Each notebook's cells form one unit (nbval runs them in order, in one kernel, on one worker), and
+  every browser test is in the unit ``browser``, so that one Chromium, started once, serves them all
+  (:func:`chromium`). Other tests are spread one by one. Items are ordered longest-first (notebooks and the
+  browser group, then the slow files), so that no long unit starts last and leaves a worker idle.
   A serial run (``pytest``, ``-p no:xdist``) runs the same items.
 """
 
@@ -17,29 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-#: Test files that drive the browser: one group, one Chromium.
-BROWSER_FILES = ("test_browser.py", "test_layout.py")
-#: Test files whose module-scoped fixture is expensive (a DDP launch): each such file is one
-#: unit, so that the fixture runs once per run rather than once per worker.
-FILE_UNITS = ("test_ddp.py",)
-#: Tests that take many seconds each; started early, like the groups (seconds measured on 2 cores, serial run).
-SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_export.py")
-
-
-def scope_of(nodeid: str) -> str:
-    """The scheduling unit of a test id under ``make test``: its notebook (all of a notebook's cells run in one
-    worker, in order), ``browser`` for the browser tests, or the test itself."""
-    head = nodeid.split("::", 1)[0]
-    if (
-        head.endswith(".ipynb") or "::ipynb::" in nodeid
-    ):  # pytest 9 may render "nb::ipynb::Cell 3"
-        return f"notebook {head.removesuffix('.ipynb')}"
-    name = head.rsplit("/", 1)[-1]
-    if name in BROWSER_FILES:
-        return "browser"
-    if name in FILE_UNITS:
-        return head
-    return nodeid
+from tests.nbval_plugin import SLOW_FILES, scope_of
 
 
 def _weight(item: pytest.Item) -> int:
@@ -49,29 +28,6 @@ def _weight(item: pytest.Item) -> int:
     if item.path.name in SLOW_FILES:
         return 1
     return 2
-
-
-class GroupedScheduling:
-    """With ``--dist loadgroup``, schedule by :func:`scope_of`. (xdist's own loadgroup writes the group into
-    ``item._nodeid``, which pytest 9 no longer reads, so its groups are silently ignored; this scheduler keys on
-    the test ids themselves.) Registered only where pytest-xdist is installed."""
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
-        if config.getvalue("dist") != "loadgroup":
-            return None
-        from xdist.scheduler import LoadScopeScheduling
-
-        class Scheduling(LoadScopeScheduling):
-            def _split_scope(self, nodeid: str) -> str:
-                return scope_of(nodeid)
-
-        return Scheduling(config, log)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(GroupedScheduling(), "posenc-grouped-scheduling")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -17,7 +17,12 @@
    import builds a parser grammar, 2.3 s in every pytest process (the xdist controller and each worker). No
    schema read here uses that format (nbformat's have no ``format`` keyword), so the import is refused in the
    test processes: this plugin is loaded (``-p`` in pyproject.toml) before pytest loads nbval.
-4. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
+4. **Notebooks stay whole under pytest-xdist.** ``--dist loadgroup`` is scheduled by :class:`GroupedScheduling`:
+   a notebook's cells are one unit (one worker, one kernel, in order), the browser tests another. It lives here,
+   not in tests/conftest.py, because ``pytest book`` (``make test-portable``) never reads that conftest: there,
+   xdist's own loadgroup (which pytest 9 makes ignore its groups) spread the cells of one notebook over both
+   workers, and every cell after the first ran in a kernel that had not run the imports.
+5. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
    tests) or without CUDA (the GPU tests) says so in one place.
 """
 
@@ -82,8 +87,55 @@ def run_dir() -> str | None:
     return found if found and os.path.isdir(found) else None
 
 
+#: Test files that drive the browser: one group, one Chromium.
+BROWSER_FILES = ("test_browser.py", "test_layout.py")
+#: Test files whose module-scoped fixture is expensive (a DDP launch): each such file is one
+#: unit, so that the fixture runs once per run rather than once per worker.
+FILE_UNITS = ("test_ddp.py",)
+#: Tests that take many seconds each; started early, like the groups (seconds measured on 2 cores, serial run).
+SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_export.py")
+
+
+def scope_of(nodeid: str) -> str:
+    """The scheduling unit of a test id under ``make test``: its notebook (all of a notebook's cells run in one
+    worker, in order), ``browser`` for the browser tests, or the test itself."""
+    head = nodeid.split("::", 1)[0]
+    if (
+        head.endswith(".ipynb") or "::ipynb::" in nodeid
+    ):  # pytest 9 may render "nb::ipynb::Cell 3"
+        return f"notebook {head.removesuffix('.ipynb')}"
+    name = head.rsplit("/", 1)[-1]
+    if name in BROWSER_FILES:
+        return "browser"
+    if name in FILE_UNITS:
+        return head
+    return nodeid
+
+
+class GroupedScheduling:
+    """With ``--dist loadgroup``, schedule by :func:`scope_of`. (xdist's own loadgroup writes the group into
+    ``item._nodeid``, which pytest 9 no longer reads, so its groups are silently ignored; this scheduler keys on
+    the test ids themselves.) Registered only where pytest-xdist is installed."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return scope_of(nodeid)
+
+        return Scheduling(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     global _run_dir
+    if config.pluginmanager.hasplugin("xdist") and not config.pluginmanager.has_plugin(
+        "posenc-grouped-scheduling"
+    ):
+        config.pluginmanager.register(GroupedScheduling(), "posenc-grouped-scheduling")
     if run_dir() is None:  # not a worker of a run that made one: this process makes it
         _run_dir = tempfile.mkdtemp(prefix="posenc-run-")
         os.environ[RUN_DIR_VARIABLE] = _run_dir

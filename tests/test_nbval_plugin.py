@@ -42,17 +42,22 @@ def test_only_torch_notices_are_stripped() -> None:
     assert [o["name"] for o in kept] == ["stdout", "stderr"]  # stdout is never touched
 
 
-def _notebook(path: Path, code: str, stored: str) -> None:
-    cell = {
-        "cell_type": "code",
-        "execution_count": 1,
-        "id": "cell-000",
-        "metadata": {},
-        "source": code,
-        "outputs": [{"output_type": "stream", "name": "stdout", "text": stored}],
-    }
+def _notebook(path: Path, *cells: tuple[str, str]) -> None:
+    """A notebook of code cells ``(source, stored stdout)``."""
     nb = {
-        "cells": [cell],
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": index + 1,
+                "id": f"cell-{index:03d}",
+                "metadata": {},
+                "source": code,
+                "outputs": [
+                    {"output_type": "stream", "name": "stdout", "text": stored}
+                ],
+            }
+            for index, (code, stored) in enumerate(cells)
+        ],
         "metadata": {
             "kernelspec": {
                 "name": "python3",
@@ -73,39 +78,50 @@ def _env() -> dict[str, str]:
 
 
 def _nbval(*paths: Path) -> subprocess.CompletedProcess:
-    """One nested nbval run over ``paths`` (one pytest start for all), ``-rA``: a line per outcome."""
+    """One nested nbval run over ``paths`` as ``make test-portable`` runs ``book/``: two xdist workers, with
+    ``--dist loadgroup``, no tests/conftest.py; ``-rA``: a line per outcome."""
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "--color=no", "-p", "no:cacheprovider", "-c", "/dev/null",
          "--rootdir", str(paths[0].parent), "-p", "tests.nbval_plugin", "--nbval", "--nbval-current-env",
-         *map(str, paths)],
+         "-n", "2", "--dist", "loadgroup", *map(str, paths)],
         cwd=ROOT, capture_output=True, text=True, env=_env(),
     )  # fmt: skip
 
 
 @pytest.mark.slow
-def test_a_cell_with_a_torch_notice_on_stderr_passes_and_any_other_stderr_fails(
+def test_notebooks_stay_whole_on_two_workers_and_only_torch_notices_pass_stderr(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("nbval")
+    pytest.importorskip("xdist")
     notice = tmp_path / "notice.ipynb"
     _notebook(
         notice,
-        "import logging, sys\n"
-        "logging.basicConfig(stream=sys.stderr)\n"
-        f"logging.getLogger('torch.utils.cpp_extension').warning({CUDA_NOTICE.strip()!r})\n"
-        "print('result')",
-        "result\n",
+        (
+            "import logging, sys\n"
+            "logging.basicConfig(stream=sys.stderr)\n"
+            f"logging.getLogger('torch.utils.cpp_extension').warning({CUDA_NOTICE.strip()!r})\n"
+            "word = 'result'\n"
+            "print(word)",
+            "result\n",
+        ),
+        # later cells need the first one's kernel: split over two workers, they would fail with a NameError
+        *((f"print(word * {n})", "result" * n + "\n") for n in range(1, 6)),
     )
     other = tmp_path / "other.ipynb"
     _notebook(
-        other, "import sys\nprint('oops', file=sys.stderr)\nprint('result')", "result\n"
+        other,
+        ("import sys\nprint('oops', file=sys.stderr)\nprint('result')", "result\n"),
     )
     result = _nbval(notice, other)
     out = result.stdout
-    assert re.search(r"^PASSED \S*notice\.ipynb::Cell 0\b", out, re.M), out[-3000:]
+    for cell in range(6):
+        assert re.search(rf"^PASSED \S*notice\.ipynb::Cell {cell}\b", out, re.M), out[
+            -3000:
+        ]
     assert re.search(r"^FAILED \S*other\.ipynb::Cell 0\b", out, re.M), out[-3000:]
-    assert "stderr" in out, out[-3000:]
-    assert result.returncode != 0 and "1 failed, 1 passed" in out, out[-3000:]
+    assert "stderr" in out and "NameError" not in out, out[-3000:]
+    assert result.returncode != 0 and "1 failed, 6 passed" in out, out[-3000:]
 
 
 def test_the_iri_grammar_is_not_built_and_notebooks_still_validate() -> None:

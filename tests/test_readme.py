@@ -19,3 +19,31 @@ def test_readme_python_examples_run() -> None:
     namespace: dict[str, object] = {}
     for index, block in enumerate(blocks):
         exec(compile(block, f"README.md python block {index + 1}", "exec"), namespace)
+
+
+def test_readme_states_the_measured_make_test_time() -> None:
+    # the time in the README's table is the median of the newest committed `make test-time` record
+    import json
+
+    records = sorted(
+        (ROOT / "benchmarks" / "results").glob("test-time-*.json"),
+        key=lambda p: json.loads(p.read_text())["date"],
+    )
+    assert records, "no committed make test-time record (tools/test_time.py)"
+    newest = json.loads(records[-1].read_text())
+    assert all(run["exit_status"] == 0 for run in newest["runs"]), (
+        f"{records[-1].name} is a red run"
+    )
+    seconds = round(newest["median_make_test_wall_s"])
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = re.search(
+        r"^\| `make test` \|.*\| (\d+) min (\d+) s \((\d+) s\) \|$", text, re.MULTILINE
+    )
+    assert row, (
+        "the README's table has no `make test` row of the form 'M min S s (N s)'"
+    )
+    minutes, rest, total = map(int, row.groups())
+    assert total == seconds and minutes * 60 + rest == seconds, (
+        row.group(0),
+        records[-1].name,
+    )
