@@ -58,7 +58,8 @@ def timm_pos_embed_sincos() -> ModuleType:
 
 def require(package: str) -> ModuleType:
     """Import ``package``, or fail the test (never skip: the peers are pinned in requirements.txt and must be
-    there wherever the full suite runs; the package-only floor check deselects the tests that need them)."""
+    there wherever the full suite runs). The package-only floor check (tools/floor_check.py) deselects the tests
+    that need them: in its files, such tests are marked ``peers`` (tests/test_package.py checks that)."""
     try:
         return importlib.import_module(package)
     except ImportError as error:  # pragma: no cover - a broken environment

@@ -492,6 +492,7 @@ def test_unknown_conventions_are_refused_by_name(function: object) -> None:
 # ----- the installed Hugging Face code, run as it is ------------------------------------------------------------
 
 
+@pytest.mark.peers
 def test_the_installed_hugging_face_tables(set_default_dtype) -> None:
     """The chapter restates Marian's, Whisper's and M2M100's (fairseq's) tables; here the installed transformers
     (pinned in requirements.txt) computes them itself. Marian forms its table in float64 NumPy and rounds once to

@@ -103,3 +103,29 @@ def test_docstrings_read_as_plain_text_in_help() -> None:
         if match
     ]
     assert not raw, "docstrings with LaTeX that help() prints raw:\n" + "\n".join(raw)
+
+
+def test_floor_check_files_mark_every_test_that_needs_a_peer() -> None:
+    # tools/floor_check.py runs these files against the wheel alone (no transformers, diffusers, timm) with
+    # -m "not peers": a test there that calls tests.peers.require must carry the mark, or the floor run fails
+    import ast
+
+    from tools.floor_check import OPTIONAL_TESTS, PACKAGE_TESTS
+
+    unmarked = []
+    for name in PACKAGE_TESTS + OPTIONAL_TESTS:
+        tree = ast.parse((ROOT / "tests" / name).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith(
+                "test"
+            ):
+                continue
+            calls = {
+                n.func.id
+                for n in ast.walk(node)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            }
+            marks = {ast.unparse(d) for d in node.decorator_list}
+            if "require" in calls and "pytest.mark.peers" not in marks:
+                unmarked.append(f"{name}::{node.name}")
+    assert not unmarked, f"mark these @pytest.mark.peers: {unmarked}"
