@@ -31,7 +31,7 @@ help:
 	@echo "make lint           ruff on the package, tests, tools and notebooks"
 	@echo "make lab            JupyterLab on book/ with the project's environment (LAB_ARGS='$(LAB_ARGS)')"
 	@echo "make bench          time posenc against the classic recipes, Hugging Face rotary, diffusers and the copy bandwidth -> benchmarks/results/"
-	@echo "make experiment     train tiny transformers with each positional scheme (~36 min on 2 cores) -> experiments/results/"
+	@echo "make experiment     train tiny transformers with each positional scheme (~38 min on 2 cores) -> experiments/results/"
 	@echo "make gpu-check      on a CUDA machine (plain python3 with torch and pytest): GPU tests + benchmark"
 	@echo "make clean          remove the built book and caches"
 
@@ -105,7 +105,7 @@ bench: $(STAMP)
 
 # Tiny decoders with each positional scheme on copy, reverse and sort: 5 seeds each, 5 more where those disagree
 # (110 runs in the committed sweep). The committed run took 93 min wall on 2 cores shared with other work (load
-# average 4.4); its processor time, 36 min per worker, estimates a quiet 2-core machine.
+# average 4.4); a re-run on the quiet machine (2026-12-01) took 37.7 min and reproduced every run's exact match.
 experiment: $(STAMP)
 	$(PY) -m experiments.run
 
