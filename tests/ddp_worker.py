@@ -237,9 +237,8 @@ def launch(
         return _launch(world_size, timeout)
     stored = Path(run_dir, f"ddp-report-{world_size}.json")
     with open(stored.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(
-            lock, fcntl.LOCK_EX
-        )  # a second caller waits here for the first one's report
+        # a second caller waits here for the first one's report
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if not stored.exists():
             report = _launch(world_size, timeout)
             stored.write_text(json.dumps([report[rank] for rank in range(world_size)]))

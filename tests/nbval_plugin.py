@@ -37,9 +37,8 @@ from typing import Any
 
 import pytest
 
-if (
-    "rfc3987_syntax" not in sys.modules
-):  # see 3. above; jsonschema then skips the "iri" format
+# see 3. above: jsonschema then skips the "iri" format
+if "rfc3987_syntax" not in sys.modules:
     sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
 
 #: stderr lines that torch prints about the machine it runs on, never about the computation.
@@ -132,9 +131,7 @@ class GroupedScheduling:
 
 def pytest_configure(config: pytest.Config) -> None:
     global _run_dir
-    if config.pluginmanager.hasplugin("xdist") and not config.pluginmanager.has_plugin(
-        "posenc-grouped-scheduling"
-    ):
+    if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(GroupedScheduling(), "posenc-grouped-scheduling")
     if run_dir() is None:  # not a worker of a run that made one: this process makes it
         _run_dir = tempfile.mkdtemp(prefix="posenc-run-")
