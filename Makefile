@@ -48,17 +48,27 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps -r requirements-nodeps.txt
 	@touch $(STAMP)
 
+# The last good build, and what the book is built from (the pages, their extensions and static files, the
+# package for the API page, the experiment's code that chapter 12 includes, the configuration): `make book` runs
+# jupyter-book only when one of them is newer than the last good build (an unchanged book: no 7 s Sphinx start).
+BOOK_STAMP := _build/html/.posenc-built
+BOOK_INPUTS := _config.yml _toc.yml $(shell find book posenc experiments/position -type f \
+  -not -path '*/.ipynb_checkpoints/*' -not -path '*/__pycache__/*' 2>/dev/null)
+
 # Sphinx copies book/_static only when some page is rebuilt: when a static file (CSS, fonts) differs from its
 # copy in the built book, every page is rebuilt (--all, about 20 s) so that the change reaches the book.
-book: $(STAMP)
+book: $(BOOK_STAMP)
+	@echo "The book is at $(CURDIR)/_build/html/index.html"
+
+$(BOOK_STAMP): $(STAMP) $(BOOK_INPUTS)
 	@all=""; for f in $$(find book/_static -type f); do \
 	  c=_build/html/_static/$${f#book/_static/}; cmp -s "$$f" "$$c" || all="--all"; done; \
 	  if [ -n "$$all" ] && [ -d _build/html ]; then echo "book/_static changed: rebuilding every page"; fi; \
 	  echo $(VENV)/bin/jupyter-book build . -W --keep-going $$all; \
 	  $(VENV)/bin/jupyter-book build . -W --keep-going $$all
-	@echo "The book is at $(CURDIR)/_build/html/index.html"
+	@touch $@
 
-# The browser tests read the built book, so the book is (re)built first (incremental: seconds when unchanged).
+# The browser tests read the built book, so the book is brought up to date first (nothing to do when unchanged).
 # pytest's options (nbval, strict, the sanitize file, tests/nbval_plugin.py) are in pyproject.toml, so a plain
 # `pytest` at the root runs this same suite.
 test: book

@@ -6,7 +6,11 @@
    results here. Each pytest run therefore gets a fresh ``TORCHINDUCTOR_CACHE_DIR``, set before any test
    imports inductor and inherited by its pytest-xdist workers and the notebook kernels nbval starts (one
    run, one machine, one kernel family: a graph compiled by a test and again by a chapter is compiled once);
-   it lives in the run's own directory (``POSENC_RUN_DIR``), which is removed at the end.
+   it lives in the run's own directory (``POSENC_RUN_DIR``), which is removed at the end. Kernels are compiled
+   in the compiling process (``TORCHINDUCTOR_COMPILE_THREADS=1`` unless set): inductor's default on this
+   2-core machine, a pool of compile subprocesses started in each compiling process, costs more than it saves
+   (the same generated code; one `make test` each: 218.8 s compiling in process, 223.1 s and 223.8 s with the
+   pool).
 2. **torch's notices about its environment are not outputs.** A CUDA build of torch on a machine without a GPU
    logs "No CUDA runtime is found ..." and Python 3.13.0 makes dynamo warn "Guards may run slower ...". They
    say nothing about the notebook, so stderr lines matching :data:`TORCH_NOTICES` are removed before nbval
@@ -139,6 +143,7 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = os.path.join(os.environ[RUN_DIR_VARIABLE], "inductor")
     os.makedirs(cache, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     try:
         import nbval.plugin as nbval_plugin
     except ImportError:  # the package tests also run where Jupyter is not installed

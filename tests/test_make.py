@@ -44,6 +44,25 @@ def test_help_lists_every_target() -> None:
     assert defined <= set(targets), f"targets not in .PHONY: {defined - set(targets)}"
 
 
+def test_book_is_built_only_when_an_input_is_newer_than_the_last_build(
+    tmp_path: Path,
+) -> None:
+    # `make -n`: what `make book` would run, with the last build's stamp in tmp_path (nothing is built)
+    stamp = tmp_path / "built"
+
+    def builds(*args: str) -> bool:
+        return "jupyter-book build" in make("-n", "book", f"BOOK_STAMP={stamp}", *args)
+
+    assert builds(), "no last build: `make book` must build"
+    future = time.time() + 3600
+    stamp.touch()
+    os.utime(stamp, (future, future))  # newer than every input
+    assert not builds(), "`make book` rebuilds an unchanged book"
+    for changed in ("book/intro.md", "book/01_derivation.ipynb", "book/_static/posenc.css",
+                    "posenc/encoding.py", "_toc.yml", "experiments/position/model.py"):  # fmt: skip
+        assert builds("-W", changed), f"`make book` ignores a change to {changed}"
+
+
 def _fake_id(tmp_path: Path, uid: int) -> dict[str, str]:
     """An environment whose `id -u` prints ``uid`` (a script ahead of the real one on PATH)."""
     bin_dir = tmp_path / f"uid-{uid}"

@@ -30,6 +30,17 @@ def test_this_run_has_a_private_inductor_cache() -> None:
     )  # the run's directory, shared by workers
 
 
+def test_kernels_are_compiled_in_the_compiling_process() -> None:
+    # tests/nbval_plugin.py sets TORCHINDUCTOR_COMPILE_THREADS=1 unless it is set: no pool of compile workers
+    threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    assert threads is not None, (
+        "tests/nbval_plugin.py did not set TORCHINDUCTOR_COMPILE_THREADS"
+    )
+    from torch._inductor import config
+
+    assert config.compile_threads == int(threads)
+
+
 def test_only_torch_notices_are_stripped() -> None:
     assert strip_torch_notices(CUDA_NOTICE + GUARDS_NOTICE) == ""
     assert strip_torch_notices(CUDA_NOTICE + "a real error\n") == "a real error\n"
