@@ -199,7 +199,8 @@ def visitor(context: Any, base_url: str, book_dir: Path) -> Callable[..., Visit]
             page.evaluate(WAIT_FOR_MATHJAX)
             if ready:
                 page.wait_for_selector(ready, state="attached")
-            page.wait_for_load_state("networkidle")
+            # no wait for the network here: COLLECT awaits the images and fonts it reads, and the wait below (no
+            # request for 500 ms) is passed before the visit's requests are read (0.5 s less per page)
             result.title = page.title()
             result.h1 = (
                 page.locator("h1").first.inner_text()
@@ -214,7 +215,8 @@ def visitor(context: Any, base_url: str, book_dir: Path) -> Callable[..., Visit]
             result.layout["desktop"] = page.evaluate(MEASURE)
             page.set_viewport_size(PHONE)
             result.layout["phone"] = page.evaluate(MEASURE)
-            page.wait_for_load_state("networkidle")  # requests the phone layout made
+            # every request made, the phone layout's too
+            page.wait_for_load_state("networkidle")
         finally:
             page.close()
         cache[path] = result
