@@ -8,9 +8,11 @@ Groups (float32 results; each variant is compared with the group's baseline, dif
 - ``timestep_distinct``: ``timestep_embedding(t, 320)`` against diffusers' ``get_timestep_embedding(t, 320)``
   (both with the defaults), 256 distinct float32 time steps in [0, 1000) (a flow-matching batch, or any batch of
   fractional steps); with ``into_output`` (posenc's road with fewer passes: the sines and cosines written straight
-  into the output, no float64 concatenation) and the plain float64 and float32 ``sin`` and ``cos`` of the same
-  angles, which show what float64 trigonometry costs here: no road that takes a float64 sine and cosine of every
-  angle can be faster than ``float64_sin_cos``;
+  into the output, no float64 concatenation), ``half_angle`` (one float64 tangent of each half angle instead of a
+  sine and a cosine, the two read from it), and the plain float64 and float32 ``sin`` and ``cos`` of the same
+  angles and the float64 ``tan``, which show what float64 trigonometry costs here: no road that takes a float64
+  sine and cosine of every angle can be faster than ``float64_sin_cos``, and none that takes a float64 tangent of
+  every angle faster than ``float64_tan``;
 - ``timestep_integer``: the same for 256 integer time steps, ``randint(0, 1000)`` (a DDPM training batch), with
   ``angle_addition`` (the measured alternative below, complete with its argument checks),
   ``angle_addition_arithmetic`` (its gathers, complex products and layout copy alone, the tables and indices made
@@ -214,6 +216,38 @@ def into_output_embedding(
     return out
 
 
+def half_angle_embedding(
+    timesteps: Tensor,
+    dim: int,
+    *,
+    flip_sin_to_cos: bool = False,
+    downscale_freq_shift: float = 1.0,
+) -> Tensor:
+    """``posenc.timestep_embedding(timesteps, dim, ...)`` (float32) from one float64 tangent per angle instead of
+    a sine and a cosine: ``[N] -> [N, dim]``.
+
+    With τ = tan(θ/2), sin θ = 2τ / (1 + τ²) and cos θ = (1 - τ²) / (1 + τ²) = 2 / (1 + τ²) - 1. The half angle
+    is exactly half of posenc's rounded angle (``ω / 2`` is exact), τ is within 2 ulp, and it and the four
+    roundings after it move either value by at most about 20 units of 2^-53 (to first order), so the float32
+    result is within 2^-24 of the exact one, as posenc's (``tests/test_bench_sincos.py`` checks it against
+    mpmath); the same checks, not the same bits.
+    """
+    t = _check_timesteps(timesteps)
+    dim, shift, _, base = _check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
+    flip = _check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
+    half = dim // 2
+    omega = torch.pow(base, -torch.arange(half, dtype=torch.float64) / (half - shift))
+    tau = torch.tan(t.to(torch.float64)[:, None] * (omega * 0.5))  # tan(θ / 2)
+    r = torch.div(2.0, tau.square().add_(1.0))  # 2 / (1 + τ²)
+    out = torch.empty(t.shape[0], dim, dtype=torch.float32)
+    first, second = out[:, :half], out[:, half : 2 * half]
+    torch.mul(tau, r, out=second if flip else first)  # sin θ
+    torch.sub(r, 1.0, out=first if flip else second)  # cos θ
+    if dim % 2:
+        out[:, -1] = 0
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The groups and their timing
 # ----------------------------------------------------------------------------------------------------------
@@ -238,7 +272,9 @@ def make_groups() -> dict[str, dict[str, Callable[[], Any]]]:
             "diffusers": lambda: get_timestep_embedding(t, DIM),
             "posenc": lambda: timestep_embedding(t, DIM),
             "into_output": lambda: into_output_embedding(t, DIM),
+            "half_angle": lambda: half_angle_embedding(t, DIM),
             "float64_sin_cos": lambda: (torch.sin(theta64), torch.cos(theta64)),
+            "float64_tan": lambda: torch.tan(theta64),
             "float32_sin_cos": lambda: (torch.sin(theta32), torch.cos(theta32)),
         },
         "timestep_integer": {
