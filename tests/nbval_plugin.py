@@ -26,7 +26,11 @@
    not in tests/conftest.py, because ``pytest book`` (``make test-portable``) never reads that conftest: there,
    xdist's own loadgroup (which pytest 9 makes ignore its groups) spread the cells of one notebook over both
    workers, and every cell after the first ran in a kernel that had not run the imports.
-5. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
+5. **Kernels forked from one that has imported torch.** nbval's kernel command (``--nbval-current-env``) becomes
+   the shim of tests/kernel_fork.py, which forks each notebook's kernel from one process of the run that has
+   imported torch, numpy, IPython and matplotlib, instead of every kernel importing them again
+   (``POSENC_FRESH_KERNELS=1``: kernels started afresh, as ``make test-portable`` runs them).
+6. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
    tests) or without CUDA (the GPU tests) says so in one place.
 """
 
@@ -148,6 +152,7 @@ def pytest_configure(config: pytest.Config) -> None:
         import nbval.plugin as nbval_plugin
     except ImportError:  # the package tests also run where Jupyter is not installed
         return
+    _fork_kernels()
     original = nbval_plugin.transform_streams_for_comparison
     if getattr(original, "_posenc", False):
         return
@@ -157,6 +162,33 @@ def pytest_configure(config: pytest.Config) -> None:
 
     transform._posenc = True  # type: ignore[attr-defined]
     nbval_plugin.transform_streams_for_comparison = transform
+
+
+#: nbval's kernel command in a test run: the shim of tests/kernel_fork.py (a kernel forked from the run's server).
+FORK_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_fork.py")
+
+
+def _fork_kernels() -> None:
+    """nbval's kernels for ``--nbval-current-env`` started by tests/kernel_fork.py (unless
+    ``POSENC_FRESH_KERNELS=1``): the same ipykernel, forked from one process that has imported torch."""
+    if os.environ.get("POSENC_FRESH_KERNELS") == "1":
+        return
+    import nbval.kernel as nbval_kernel
+
+    manager = nbval_kernel.NbvalKernelspecManager
+    original = manager.get_kernel_spec
+    if getattr(original, "_posenc", False):
+        return
+
+    def get_kernel_spec(self: Any, kernel_name: str) -> Any:
+        spec = original(self, kernel_name)
+        launcher = spec.argv[1:3] == ["-m", "ipykernel_launcher"]
+        if kernel_name == nbval_kernel.CURRENT_ENV_KERNEL_NAME and launcher:
+            spec.argv = [spec.argv[0], FORK_SHIM, *spec.argv[3:]]
+        return spec
+
+    get_kernel_spec._posenc = True  # type: ignore[attr-defined]
+    manager.get_kernel_spec = get_kernel_spec
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -1,0 +1,154 @@
+"""tests/kernel_fork.py: nbval's kernels forked from the run's server behave as kernels started afresh do.
+
+A kernel is started the way nbval starts one (its kernel spec manager, patched by tests/nbval_plugin.py); it runs
+code with the notebook's directory and environment, is interrupted, and goes away when the process jupyter_client
+manages is killed. Without the run's directory, or with ``POSENC_FRESH_KERNELS=1``, the shim starts a fresh
+kernel itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import kernel_fork
+from tests.nbval_plugin import FORK_SHIM
+
+nbval_kernel = pytest.importorskip("nbval.kernel")
+pytest.importorskip("jupyter_client")
+
+
+def _start(cwd: Path, env: dict[str, str] | None = None) -> tuple[Any, Any]:
+    from jupyter_client import KernelManager
+
+    manager = KernelManager(
+        kernel_name=nbval_kernel.CURRENT_ENV_KERNEL_NAME,
+        kernel_spec_manager=nbval_kernel.NbvalKernelspecManager(),
+    )
+    manager.start_kernel(cwd=str(cwd), env=env or dict(os.environ))
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    return manager, client
+
+
+def _run(client: Any, code: str, timeout: float = 30) -> tuple[str, dict[str, Any]]:
+    """The text ``code`` printed, and its execute reply's content."""
+    msg_id = client.execute(code)
+    printed = []
+    while True:
+        msg = client.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    return "".join(printed), _reply(client, msg_id, timeout)["content"]
+
+
+def _reply(client: Any, msg_id: str, timeout: float) -> dict[str, Any]:
+    """The shell reply to ``msg_id`` (replies to earlier requests, e.g. kernel_info, are skipped)."""
+    while True:
+        reply = client.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
+def _gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_nbval_s_kernel_command_is_the_shim() -> None:
+    spec = nbval_kernel.NbvalKernelspecManager().get_kernel_spec(
+        nbval_kernel.CURRENT_ENV_KERNEL_NAME
+    )
+    assert spec.argv[1] == FORK_SHIM and spec.argv[2:] == ["-f", "{connection_file}"]
+
+
+def test_a_forked_kernel_runs_in_its_directory_and_environment_is_interrupted_and_dies_with_its_shim(
+    tmp_path: Path,
+) -> None:
+    assert kernel_fork._socket_path() is not None, (
+        "not in a test run with forked kernels"
+    )
+    env = {**os.environ, "POSENC_PROBE": "from the shim"}
+    manager, client = _start(tmp_path, env)
+    try:
+        printed, reply = _run(
+            client,
+            f"kernel_fork_file = {kernel_fork.__file__!r}\n"
+            "import os, sys\n"
+            "print(os.getcwd(), os.environ['POSENC_PROBE'], sys.argv[0].endswith('ipykernel_launcher.py'))\n"
+            # as in a kernel started with `python -m ipykernel_launcher`: the launcher's directory entry is
+            # removed, IPython's '' is added
+            "print('' in sys.path, os.path.dirname(kernel_fork_file) not in sys.path)\n"
+            "print('torch' in sys.modules, os.getppid() != int(os.environ['JPY_PARENT_PID']))\n"
+            "print(os.getpid())",
+        )
+        assert reply["status"] == "ok"
+        lines = printed.splitlines()
+        assert lines[0] == f"{tmp_path} from the shim True"
+        assert lines[1] == "True True"  # sys.path as a fresh kernel's
+        # imported before the first cell (forked from the server, not a child of this process)
+        assert lines[2] == "True True"
+        kernel_pid = int(lines[3])
+        assert (
+            kernel_pid != manager.provisioner.process.pid
+        )  # the shim is what jupyter_client manages
+        # an interrupt reaches the kernel through the shim
+        msg_id = client.execute("import time\ntime.sleep(30)")
+        time.sleep(1.0)
+        manager.interrupt_kernel()
+        reply = _reply(client, msg_id, 20)
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        # the kernel still works, then goes when its shim is killed
+        assert _run(client, "print(6 * 7)")[0] == "42\n"
+        manager.provisioner.process.kill()
+        assert _gone(kernel_pid, 15), "the kernel outlived its killed shim"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def test_a_kernel_shut_down_by_jupyter_exits_with_its_shim(tmp_path: Path) -> None:
+    manager, client = _start(tmp_path)
+    try:
+        kernel_pid = int(_run(client, "import os\nprint(os.getpid())")[0])
+        shim = manager.provisioner.process
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel()
+    assert _gone(kernel_pid, 15) and shim.poll() is not None
+
+
+def test_fresh_kernels_without_a_run_directory_or_when_asked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert kernel_fork._socket_path() == os.path.join(
+        os.environ["POSENC_RUN_DIR"], kernel_fork.SOCKET_NAME
+    )
+    monkeypatch.setenv("POSENC_FRESH_KERNELS", "1")
+    assert kernel_fork._socket_path() is None
+    monkeypatch.delenv("POSENC_FRESH_KERNELS")
+    monkeypatch.setenv("POSENC_RUN_DIR", str(tmp_path / "gone"))
+    assert kernel_fork._socket_path() is None
+    monkeypatch.delenv("POSENC_RUN_DIR")
+    assert kernel_fork._socket_path() is None
+    # and a run whose server could not start falls back at once, without waiting
+    monkeypatch.setenv("POSENC_RUN_DIR", str(tmp_path))
+    (tmp_path / (kernel_fork.SOCKET_NAME + ".failed")).touch()
+    start = time.monotonic()
+    assert kernel_fork._connect(str(tmp_path / kernel_fork.SOCKET_NAME), 30.0) is None
+    assert time.monotonic() - start < 5
