@@ -17,8 +17,9 @@ importing the same modules (torch, numpy, IPython, ipykernel, matplotlib) before
   the run's directory is removed. Anything unexpected (no run directory, no server, no answer) and the shim runs
   ``ipykernel_launcher`` itself: a fresh kernel, as without this file.
 
-``POSENC_FRESH_KERNELS=1`` turns the server off (``make test-portable`` runs every notebook in fresh kernels, and
-``make notebooks`` stores outputs from fresh kernels, so the stored outputs are checked both ways).
+Linux only (elsewhere every kernel is started afresh). ``POSENC_FRESH_KERNELS=1`` turns the server off
+(``make test-portable`` runs every notebook in fresh kernels, and ``make notebooks`` stores outputs from fresh
+kernels, so the stored outputs are checked both ways).
 """
 
 from __future__ import annotations
@@ -51,8 +52,15 @@ def _fresh_kernel(argv: list[str]) -> None:
 
 
 def _socket_path() -> str | None:
+    """The run's fork-server socket, or None for a fresh kernel: outside a test run, when asked
+    (``POSENC_FRESH_KERNELS=1``), and off Linux (forking a process that has loaded macOS's system
+    frameworks is not safe)."""
     run_dir = os.environ.get("POSENC_RUN_DIR")
-    if not run_dir or os.environ.get("POSENC_FRESH_KERNELS") == "1":
+    if (
+        not run_dir
+        or os.environ.get("POSENC_FRESH_KERNELS") == "1"
+        or sys.platform != "linux"
+    ):
         return None
     return os.path.join(run_dir, SOCKET_NAME) if os.path.isdir(run_dir) else None
 

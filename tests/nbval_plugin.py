@@ -171,7 +171,7 @@ FORK_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_for
 def _fork_kernels() -> None:
     """nbval's kernels for ``--nbval-current-env`` started by tests/kernel_fork.py (unless
     ``POSENC_FRESH_KERNELS=1``): the same ipykernel, forked from one process that has imported torch."""
-    if os.environ.get("POSENC_FRESH_KERNELS") == "1":
+    if os.environ.get("POSENC_FRESH_KERNELS") == "1" or sys.platform != "linux":
         return
     import nbval.kernel as nbval_kernel
 

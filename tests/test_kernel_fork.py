@@ -9,6 +9,7 @@ kernel itself.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ from tests.nbval_plugin import FORK_SHIM
 
 nbval_kernel = pytest.importorskip("nbval.kernel")
 pytest.importorskip("jupyter_client")
+fresh_kernels = pytest.mark.skipif(
+    os.environ.get("POSENC_FRESH_KERNELS") == "1" or sys.platform != "linux",
+    reason="kernels started afresh (POSENC_FRESH_KERNELS=1, or not Linux): no fork server in this run",
+)
 
 
 def _start(cwd: Path, env: dict[str, str] | None = None) -> tuple[Any, Any]:
@@ -70,6 +75,7 @@ def _gone(pid: int, seconds: float) -> bool:
     return False
 
 
+@fresh_kernels
 def test_nbval_s_kernel_command_is_the_shim() -> None:
     spec = nbval_kernel.NbvalKernelspecManager().get_kernel_spec(
         nbval_kernel.CURRENT_ENV_KERNEL_NAME
@@ -77,6 +83,7 @@ def test_nbval_s_kernel_command_is_the_shim() -> None:
     assert spec.argv[1] == FORK_SHIM and spec.argv[2:] == ["-f", "{connection_file}"]
 
 
+@fresh_kernels
 def test_a_forked_kernel_runs_in_its_directory_and_environment_is_interrupted_and_dies_with_its_shim(
     tmp_path: Path,
 ) -> None:
@@ -136,6 +143,8 @@ def test_a_kernel_shut_down_by_jupyter_exits_with_its_shim(tmp_path: Path) -> No
 def test_fresh_kernels_without_a_run_directory_or_when_asked(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.delenv("POSENC_FRESH_KERNELS", raising=False)
+    monkeypatch.setattr(kernel_fork.sys, "platform", "linux")
     assert kernel_fork._socket_path() == os.path.join(
         os.environ["POSENC_RUN_DIR"], kernel_fork.SOCKET_NAME
     )
@@ -146,6 +155,10 @@ def test_fresh_kernels_without_a_run_directory_or_when_asked(
     assert kernel_fork._socket_path() is None
     monkeypatch.delenv("POSENC_RUN_DIR")
     assert kernel_fork._socket_path() is None
+    monkeypatch.setenv("POSENC_RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(kernel_fork.sys, "platform", "darwin")
+    assert kernel_fork._socket_path() is None
+    monkeypatch.setattr(kernel_fork.sys, "platform", "linux")
     # and a run whose server could not start falls back at once, without waiting
     monkeypatch.setenv("POSENC_RUN_DIR", str(tmp_path))
     (tmp_path / (kernel_fork.SOCKET_NAME + ".failed")).touch()
