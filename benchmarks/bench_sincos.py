@@ -191,6 +191,24 @@ def angle_addition_embedding(
     return angle_addition_rows(t, tables, dim, dtype or torch.float32)
 
 
+def _direct_road(
+    timesteps: Tensor, dim: int, flip_sin_to_cos: bool, downscale_freq_shift: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """posenc's argument checks and what a road writing straight into the output needs: the time steps ``[N]``,
+    the float64 frequencies ``[dim // 2]`` as posenc computes them, the float32 output ``[N, dim]`` (its odd
+    channel already zero) and its sine and cosine halves ``[N, dim // 2]`` (views, in the layout's order)."""
+    t = _check_timesteps(timesteps)
+    dim, shift, _, base = _check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
+    flip = _check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
+    half = dim // 2
+    omega = torch.pow(base, -torch.arange(half, dtype=torch.float64) / (half - shift))
+    out = torch.empty(t.shape[0], dim, dtype=torch.float32)
+    if dim % 2:
+        out[:, -1] = 0
+    first, second = out[:, :half], out[:, half : 2 * half]
+    return t, omega, out, (second if flip else first), (first if flip else second)
+
+
 def into_output_embedding(
     timesteps: Tensor,
     dim: int,
@@ -201,18 +219,12 @@ def into_output_embedding(
     """``posenc.timestep_embedding(timesteps, dim, ...)`` (float32) with fewer passes: the float64 sines and
     cosines are written straight into the float32 output's halves (one rounding each), with no float64
     ``[N, dim]`` concatenation and no separate rounding pass. The same checks and the same values, bitwise."""
-    t = _check_timesteps(timesteps)
-    dim, shift, _, base = _check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
-    flip = _check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
-    half = dim // 2
-    omega = torch.pow(base, -torch.arange(half, dtype=torch.float64) / (half - shift))
+    t, omega, out, sin_out, cos_out = _direct_road(
+        timesteps, dim, flip_sin_to_cos, downscale_freq_shift
+    )
     theta = t.to(torch.float64)[:, None] * omega
-    out = torch.empty(t.shape[0], dim, dtype=torch.float32)
-    first, second = out[:, :half], out[:, half : 2 * half]
-    torch.sin(theta, out=second if flip else first)
-    torch.cos(theta, out=first if flip else second)
-    if dim % 2:
-        out[:, -1] = 0
+    torch.sin(theta, out=sin_out)
+    torch.cos(theta, out=cos_out)
     return out
 
 
@@ -232,19 +244,13 @@ def half_angle_embedding(
     result is within 2^-24 of the exact one, as posenc's (``tests/test_bench_sincos.py`` checks it against
     mpmath); the same checks, not the same bits.
     """
-    t = _check_timesteps(timesteps)
-    dim, shift, _, base = _check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
-    flip = _check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
-    half = dim // 2
-    omega = torch.pow(base, -torch.arange(half, dtype=torch.float64) / (half - shift))
+    t, omega, out, sin_out, cos_out = _direct_road(
+        timesteps, dim, flip_sin_to_cos, downscale_freq_shift
+    )
     tau = torch.tan(t.to(torch.float64)[:, None] * (omega * 0.5))  # tan(θ / 2)
     r = torch.div(2.0, tau.square().add_(1.0))  # 2 / (1 + τ²)
-    out = torch.empty(t.shape[0], dim, dtype=torch.float32)
-    first, second = out[:, :half], out[:, half : 2 * half]
-    torch.mul(tau, r, out=second if flip else first)  # sin θ
-    torch.sub(r, 1.0, out=first if flip else second)  # cos θ
-    if dim % 2:
-        out[:, -1] = 0
+    torch.mul(tau, r, out=sin_out)  # sin θ
+    torch.sub(r, 1.0, out=cos_out)  # cos θ
     return out
 
 
