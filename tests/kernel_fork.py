@@ -51,16 +51,20 @@ def _fresh_kernel(argv: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *argv])
 
 
+#: This file: nbval's kernel command in a test run (tests/nbval_plugin.py), the shim.
+SHIM = os.path.abspath(__file__)
+
+
+def enabled() -> bool:
+    """Kernels are forked: on Linux unless ``POSENC_FRESH_KERNELS=1`` (forking a process that has loaded macOS's
+    system frameworks is not safe)."""
+    return sys.platform == "linux" and os.environ.get("POSENC_FRESH_KERNELS") != "1"
+
+
 def _socket_path() -> str | None:
-    """The run's fork-server socket, or None for a fresh kernel: outside a test run, when asked
-    (``POSENC_FRESH_KERNELS=1``), and off Linux (forking a process that has loaded macOS's system
-    frameworks is not safe)."""
+    """The run's fork-server socket, or None for a fresh kernel: outside a test run, or not :func:`enabled`."""
     run_dir = os.environ.get("POSENC_RUN_DIR")
-    if (
-        not run_dir
-        or os.environ.get("POSENC_FRESH_KERNELS") == "1"
-        or sys.platform != "linux"
-    ):
+    if not run_dir or not enabled():
         return None
     return os.path.join(run_dir, SOCKET_NAME) if os.path.isdir(run_dir) else None
 
@@ -93,7 +97,7 @@ def _server_connection(path: str) -> socket.socket | None:
         if not os.path.exists(started):
             open(started, "w").close()
             subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--serve", path],
+                [sys.executable, SHIM, "--serve", path],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -164,14 +164,12 @@ def pytest_configure(config: pytest.Config) -> None:
     nbval_plugin.transform_streams_for_comparison = transform
 
 
-#: nbval's kernel command in a test run: the shim of tests/kernel_fork.py (a kernel forked from the run's server).
-FORK_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel_fork.py")
-
-
 def _fork_kernels() -> None:
     """nbval's kernels for ``--nbval-current-env`` started by tests/kernel_fork.py (unless
     ``POSENC_FRESH_KERNELS=1``): the same ipykernel, forked from one process that has imported torch."""
-    if os.environ.get("POSENC_FRESH_KERNELS") == "1" or sys.platform != "linux":
+    from tests import kernel_fork
+
+    if not kernel_fork.enabled():
         return
     import nbval.kernel as nbval_kernel
 
@@ -184,7 +182,7 @@ def _fork_kernels() -> None:
         spec = original(self, kernel_name)
         launcher = spec.argv[1:3] == ["-m", "ipykernel_launcher"]
         if kernel_name == nbval_kernel.CURRENT_ENV_KERNEL_NAME and launcher:
-            spec.argv = [spec.argv[0], FORK_SHIM, *spec.argv[3:]]
+            spec.argv = [spec.argv[0], kernel_fork.SHIM, *spec.argv[3:]]
         return spec
 
     get_kernel_spec._posenc = True  # type: ignore[attr-defined]

@@ -9,7 +9,6 @@ kernel itself.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,11 @@ from typing import Any
 import pytest
 
 from tests import kernel_fork
-from tests.nbval_plugin import FORK_SHIM
 
 nbval_kernel = pytest.importorskip("nbval.kernel")
 pytest.importorskip("jupyter_client")
 fresh_kernels = pytest.mark.skipif(
-    os.environ.get("POSENC_FRESH_KERNELS") == "1" or sys.platform != "linux",
+    not kernel_fork.enabled(),
     reason="kernels started afresh (POSENC_FRESH_KERNELS=1, or not Linux): no fork server in this run",
 )
 
@@ -80,7 +78,10 @@ def test_nbval_s_kernel_command_is_the_shim() -> None:
     spec = nbval_kernel.NbvalKernelspecManager().get_kernel_spec(
         nbval_kernel.CURRENT_ENV_KERNEL_NAME
     )
-    assert spec.argv[1] == FORK_SHIM and spec.argv[2:] == ["-f", "{connection_file}"]
+    assert spec.argv[1] == kernel_fork.SHIM and spec.argv[2:] == [
+        "-f",
+        "{connection_file}",
+    ]
 
 
 @fresh_kernels
