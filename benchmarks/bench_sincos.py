@@ -54,13 +54,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from diffusers.models.embeddings import (  # noqa: E402
-    Timesteps as DiffusersTimesteps,
-)
-from diffusers.models.embeddings import (  # noqa: E402
-    get_2d_sincos_pos_embed,
-    get_timestep_embedding,
-)
 from torch import Tensor  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -261,6 +254,14 @@ def half_angle_embedding(
 
 def make_groups() -> dict[str, dict[str, Callable[[], Any]]]:
     """The callables to time, per group; the first of each group is its baseline (diffusers)."""
+    # imported here: the module's roads (chapter 11, tests/test_bench_sincos.py) need no diffusers, whose import
+    # takes seconds
+    from diffusers.models.embeddings import Timesteps as DiffusersTimesteps
+    from diffusers.models.embeddings import (
+        get_2d_sincos_pos_embed,
+        get_timestep_embedding,
+    )
+
     torch.manual_seed(0)
     t = torch.rand(BATCH) * 1000
     t_int = torch.randint(0, 1000, (BATCH,))

@@ -21,7 +21,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Without the background-networking flags Chromium reaches out to Google hosts on its own.
+# Without the background-networking flags Chromium reaches out to Google hosts on its own. Every request beyond
+# this machine goes to a proxy on a closed local port (DEAD_PROXY) and fails there, in the browser itself:
+# Chromium sends loopback addresses (the book's server) direct, whatever the proxy. (The pages used to route
+# every request through Playwright to abort the external ones, a round trip to this process per request.)
+DEAD_PROXY = "127.0.0.1:9"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -30,6 +34,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
     "--disable-quic",
+    f"--proxy-server=http://{DEAD_PROXY}",
 ]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}

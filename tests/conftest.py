@@ -5,7 +5,8 @@
   ``GroupedScheduling`` in tests/nbval_plugin.py, which every run loads (``pytest book`` too, which never reads
   this file). Each notebook's cells form one unit (nbval runs them in order, in one kernel, on one worker), and
   every browser test is in the unit ``browser``, so that one Chromium, started once, serves them all
-  (:func:`chromium`). Other tests are spread one by one. Items are ordered longest-first (notebooks and the
+  (:func:`chromium`), and the tests that import the installed peers are the unit ``peers``, so that one worker
+  imports them. Other tests are spread one by one. Items are ordered longest-first (notebooks and the
   browser group, then the slow files), so that no long unit starts last and leaves a worker idle.
   A serial run (``pytest``, ``-p no:xdist``) runs the same items.
 """
@@ -16,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from tests.nbval_plugin import SLOW_FILES, scope_of
 
@@ -35,6 +35,10 @@ def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     items.sort(key=_weight)  # stable: each notebook's cells keep their order
+    # imported here, not at the top: pytest-xdist's controller reads this file but collects nothing, and need not
+    # spend 2-3 s importing torch before it starts the workers
+    import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (torch.cuda.is_available() is False)")

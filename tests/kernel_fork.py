@@ -41,6 +41,9 @@ PRELOAD = (
     "ipykernel.kernelapp",
     "ipykernel_launcher",
     "matplotlib",
+    # 0.3-0.45 s a kernel; importing pyplot loads no backend, so the inline backend still hooks into the kernel's
+    # IPython at its first figure (tests/test_kernel_fork.py displays one)
+    "matplotlib.pyplot",
 )
 #: matplotlib reads its backend from the environment when imported; ipykernel sets this same value before the
 #: kernel's first cell (``IPKernelApp.init_gui_pylab``), so the server sets it before importing matplotlib.

@@ -22,7 +22,8 @@
    schema read here uses that format (nbformat's have no ``format`` keyword), so the import is refused in the
    test processes: this plugin is loaded (``-p`` in pyproject.toml) before pytest loads nbval.
 4. **Notebooks stay whole under pytest-xdist.** ``--dist loadgroup`` is scheduled by :class:`GroupedScheduling`:
-   a notebook's cells are one unit (one worker, one kernel, in order), the browser tests another. It lives here,
+   a notebook's cells are one unit (one worker, one kernel, in order), the browser tests another, the tests that
+   import the installed peers a third (one worker imports them). It lives here,
    not in tests/conftest.py, because ``pytest book`` (``make test-portable``) never reads that conftest: there,
    xdist's own loadgroup (which pytest 9 makes ignore its groups) spread the cells of one notebook over both
    workers, and every cell after the first ran in a kernel that had not run the imports.
@@ -30,7 +31,11 @@
    the shim of tests/kernel_fork.py, which forks each notebook's kernel from one process of the run that has
    imported torch, numpy, IPython and matplotlib, instead of every kernel importing them again
    (``POSENC_FRESH_KERNELS=1``: kernels started afresh, as ``make test-portable`` runs them).
-6. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
+6. **Figures drawn, not encoded.** nbval compares a figure's text (``<Figure size ... with 3 Axes>``), never its
+   image. The run's kernels start with tests/nbval_startup.py (``PYTHONSTARTUP``, replacing any of the user's,
+   whose code would run in every kernel): each figure is drawn once, so that a draw-time error still fails its
+   cell, and no PNG is made. ``make notebooks`` stores real PNGs.
+7. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
    tests) or without CUDA (the GPU tests) says so in one place.
 """
 
@@ -86,6 +91,8 @@ _run_dir: str | None = None
 #: kernels and subprocesses they start) inherit it and share what it holds (the torch.compile cache in
 #: ``inductor/``; ``tests.ddp_worker.launch``'s one DDP measurement per run); only its creator removes it.
 RUN_DIR_VARIABLE = "POSENC_RUN_DIR"
+#: The IPython start-up file of the run's notebook kernels (item 6).
+STARTUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nbval_startup.py")
 
 
 def run_dir() -> str | None:
@@ -99,13 +106,25 @@ BROWSER_FILES = ("test_browser.py", "test_layout.py")
 #: Test files whose module-scoped fixture is expensive (a DDP launch): each such file is one
 #: unit, so that the fixture runs once per run rather than once per worker.
 FILE_UNITS = ("test_ddp.py",)
+#: Tests that import the installed peers (transformers, diffusers, rotary-embedding-torch; imported at first use,
+#: tests/peers.py): one unit, so that one worker pays for their imports (about 6.5 s on this machine), not each.
+#: The files that import a peer at their top level or run a benchmark against one, and the tests marked ``peers``
+#: elsewhere (tests/test_nbval_plugin.py checks that the two lists hold every such file and test).
+PEER_FILES = (
+    "test_rotary_peers.py",
+    "test_timesteps_peers.py",
+    "test_bench_sincos.py",
+    "test_bench_rotary.py",
+)
+PEER_TESTS = ("tests/test_conventions.py::test_the_installed_hugging_face_tables",)
 #: Tests that take many seconds each; started early, like the groups (seconds measured on 2 cores, serial run).
 SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_export.py")
 
 
 def scope_of(nodeid: str) -> str:
     """The scheduling unit of a test id under ``make test``: its notebook (all of a notebook's cells run in one
-    worker, in order), ``browser`` for the browser tests, or the test itself."""
+    worker, in order), ``browser`` for the browser tests, ``peers`` for those that import the installed peers,
+    or the test itself."""
     head = nodeid.split("::", 1)[0]
     if (
         head.endswith(".ipynb") or "::ipynb::" in nodeid
@@ -116,6 +135,8 @@ def scope_of(nodeid: str) -> str:
         return "browser"
     if name in FILE_UNITS:
         return head
+    if name in PEER_FILES or nodeid.split("[", 1)[0] in PEER_TESTS:
+        return "peers"
     return nodeid
 
 
@@ -148,6 +169,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.makedirs(cache, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    os.environ["PYTHONSTARTUP"] = (
+        STARTUP  # the run's kernels: figures drawn, not encoded (item 6)
+    )
     try:
         import nbval.plugin as nbval_plugin
     except ImportError:  # the package tests also run where Jupyter is not installed

@@ -104,6 +104,28 @@ def test_every_request_succeeds_on_localhost(
     )
 
 
+def test_a_request_beyond_this_machine_fails_in_the_browser(
+    browser_context: Any, book_server: str
+) -> None:
+    # Chromium's proxy (a closed local port, tests/browser_helpers.py) fails every request beyond this machine
+    # (a name or an address, http or https) while the book's server on 127.0.0.1 answers; a visit records them
+    page = browser_context.new_page()
+    failed: dict[str, str] = {}
+    page.on("requestfailed", lambda r: failed.update({r.url: r.failure or ""}))
+    try:
+        page.goto(book_server + "book/intro.html", wait_until="load")
+        page.set_content(
+            '<img src="http://203.0.113.7/a.png"><img src="https://example.com/b.png">'
+        )
+        page.wait_for_load_state("load")
+    finally:
+        page.close()
+    assert failed == {
+        "http://203.0.113.7/a.png": "net::ERR_PROXY_CONNECTION_FAILED",
+        "https://example.com/b.png": "net::ERR_PROXY_CONNECTION_FAILED",
+    }
+
+
 @pytest.mark.parametrize("docname", PAGES)
 def test_no_console_error(visit: Callable[..., Visit], docname: str) -> None:
     seen = visit(html_path(docname))

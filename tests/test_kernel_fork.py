@@ -39,19 +39,27 @@ def _start(cwd: Path, env: dict[str, str] | None = None) -> tuple[Any, Any]:
     return manager, client
 
 
-def _run(client: Any, code: str, timeout: float = 30) -> tuple[str, dict[str, Any]]:
-    """The text ``code`` printed, and its execute reply's content."""
+def _messages(
+    client: Any, code: str, timeout: float = 30
+) -> tuple[list[dict[str, Any]], str]:
+    """The iopub messages (type and content) of running ``code``, up to its idle status, and the request's id."""
     msg_id = client.execute(code)
-    printed = []
+    seen = []
     while True:
         msg = client.get_iopub_msg(timeout=timeout)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
-        if msg["msg_type"] == "stream":
-            printed.append(msg["content"]["text"])
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-            break
-    return "".join(printed), _reply(client, msg_id, timeout)["content"]
+            return seen, msg_id
+        if msg["msg_type"] in ("stream", "display_data", "execute_result", "error"):
+            seen.append({"type": msg["msg_type"], **msg["content"]})
+
+
+def _run(client: Any, code: str, timeout: float = 30) -> tuple[str, dict[str, Any]]:
+    """The text ``code`` printed, and its execute reply's content."""
+    seen, msg_id = _messages(client, code, timeout)
+    printed = "".join(m["text"] for m in seen if m["type"] == "stream")
+    return printed, _reply(client, msg_id, timeout)["content"]
 
 
 def _reply(client: Any, msg_id: str, timeout: float) -> dict[str, Any]:
@@ -121,8 +129,13 @@ def test_a_forked_kernel_runs_in_its_directory_and_environment_is_interrupted_an
         manager.interrupt_kernel()
         reply = _reply(client, msg_id, 20)
         assert reply["content"]["ename"] == "KeyboardInterrupt"
-        # the kernel still works, then goes when its shim is killed
-        assert _run(client, "print(6 * 7)")[0] == "42\n"
+        # the kernel still works, then goes when its shim is killed. The answer is read from the execute reply:
+        # once, in a loaded full run, the line printed after the interrupt was not among the messages received
+        # before the kernel's idle status (a printed line goes through ipykernel's output thread)
+        msg_id = client.execute("", user_expressions={"answer": "6 * 7"})
+        reply = _reply(client, msg_id, 30)["content"]
+        assert reply["status"] == "ok", reply
+        assert reply["user_expressions"]["answer"]["data"]["text/plain"] == "42"
         manager.provisioner.process.kill()
         assert _gone(kernel_pid, 15), "the kernel outlived its killed shim"
     finally:
@@ -166,3 +179,38 @@ def test_fresh_kernels_without_a_run_directory_or_when_asked(
     start = time.monotonic()
     assert kernel_fork._connect(str(tmp_path / kernel_fork.SOCKET_NAME), 30.0) is None
     assert time.monotonic() - start < 5
+
+
+def test_a_run_s_kernel_draws_each_figure_once_and_makes_no_image(
+    tmp_path: Path,
+) -> None:
+    # tests/nbval_startup.py, the run's PYTHONSTARTUP (tests/nbval_plugin.py), in a kernel started as nbval starts
+    # one (forked or fresh): a figure is displayed as its text, drawn once, with no PNG; nothing is left in the
+    # notebook's namespace; a draw-time error still reaches the cell's output
+    from tests.nbval_plugin import STARTUP
+
+    assert os.environ["PYTHONSTARTUP"] == STARTUP
+    manager, client = _start(tmp_path)
+    try:
+        shown, _ = _messages(
+            client,
+            "import matplotlib.pyplot as plt\n"
+            "fig, ax = plt.subplots(figsize=(3, 2))\n"
+            "ax.plot([0, 1], [0, 1])\n"
+            "draws = []\n"
+            "fig.canvas.mpl_connect('draw_event', lambda event: draws.append(event))\n"
+            "plt.show()\n"
+            "print(len(draws), [n for n in dir() if 'draw_' in n or 'encod' in n])",
+        )
+        displays = [m for m in shown if m["type"] == "display_data"]
+        assert len(displays) == 1 and set(displays[0]["data"]) == {"text/plain"}
+        assert displays[0]["data"]["text/plain"] == "<Figure size 300x200 with 1 Axes>"
+        assert [m["text"] for m in shown if m["type"] == "stream"] == ["1 []\n"]
+        broken, _ = _messages(
+            client,
+            "fig, ax = plt.subplots()\nax.set_title(r'$\\frac{1}$')\nplt.show()",
+        )
+        assert [m["ename"] for m in broken if m["type"] == "error"] == ["ValueError"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)

@@ -81,6 +81,13 @@ def _lab_command(env: dict[str, str]) -> str:
     return lines[-1]
 
 
+def test_recipes_may_cache_bytecode_where_the_environment_forbids_it() -> None:
+    # every test process imports the package and the tests: the Makefile unexports PYTHONDONTWRITEBYTECODE
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    probe = 'probe: ; @echo "[$$PYTHONDONTWRITEBYTECODE]"'
+    assert make("--eval", probe, "probe", env=env).strip() == "[]"
+
+
 def test_lab_adds_allow_root_only_for_root(tmp_path: Path) -> None:
     root = _fake_id(tmp_path, 0)
     assert "--allow-root" in _lab_command(root)

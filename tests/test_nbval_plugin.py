@@ -143,3 +143,62 @@ def test_the_iri_grammar_is_not_built_and_notebooks_still_validate() -> None:
         nbformat.validate(
             nbformat.read(path, as_version=4)
         )  # raises if a notebook is invalid
+
+
+def test_scheduling_units() -> None:
+    from tests.nbval_plugin import scope_of
+
+    assert scope_of("book/01_derivation.ipynb::Cell 3") == "notebook book/01_derivation"
+    assert (
+        scope_of("book/01_derivation.ipynb::ipynb::Cell 3")
+        == "notebook book/01_derivation"
+    )
+    assert scope_of("tests/test_layout.py::test_x[book/intro]") == "browser"
+    assert scope_of("tests/test_ddp.py::test_x") == "tests/test_ddp.py"
+    assert scope_of("tests/test_rotary_peers.py::test_x[1-2]") == "peers"
+    assert (
+        scope_of("tests/test_conventions.py::test_the_installed_hugging_face_tables")
+        == "peers"
+    )
+    assert (
+        scope_of("tests/test_conventions.py::test_x")
+        == "tests/test_conventions.py::test_x"
+    )
+
+
+def test_the_peers_unit_holds_every_test_that_imports_a_peer() -> None:
+    # a file that imports a peer at its top level (require or Lazy, tests/peers.py) or a benchmark that times one
+    # is in PEER_FILES; a test marked `peers` elsewhere is in PEER_TESTS; and every entry names a real test
+    import ast
+
+    from tests.nbval_plugin import PEER_FILES, PEER_TESTS
+
+    files, tests = set(), set()
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top_calls = {
+            n.func.id
+            for statement in tree.body
+            if not isinstance(statement, (ast.FunctionDef, ast.ClassDef))
+            for n in ast.walk(statement)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+        }
+        imported = {
+            alias.name
+            for n in tree.body
+            if isinstance(n, ast.ImportFrom) and n.module == "benchmarks"
+            for alias in n.names
+        }
+        if top_calls & {"require", "Lazy"} or imported & {
+            "bench_sincos",
+            "bench_rotary",
+        }:
+            files.add(path.name)
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and any(
+                ast.unparse(d) == "pytest.mark.peers" for d in node.decorator_list
+            ):
+                tests.add(f"tests/{path.name}::{node.name}")
+    assert files == set(PEER_FILES)
+    assert tests == set(PEER_TESTS)

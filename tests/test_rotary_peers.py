@@ -26,22 +26,26 @@ from hypothesis import strategies as st
 
 from posenc import RotaryEmbedding, apply_rotary, rotary_cos_sin, rotary_frequencies
 from tests import rotary_peers as peers
-from tests.peers import require, timm_pos_embed_sincos
+from tests.peers import Lazy, require, timm_pos_embed_sincos
 
-transformers = require("transformers")
-require("diffusers")
-require("rotary_embedding_torch")
+# the installed peers, imported by the first test that uses each (tests/peers.py: Lazy)
+transformers = Lazy("transformers")
+apply_rotary_emb = Lazy("diffusers.models.embeddings", "apply_rotary_emb")
+FluxPosEmbed = Lazy("diffusers.models.transformers.transformer_flux", "FluxPosEmbed")
+LucidrainsRotary = Lazy("rotary_embedding_torch", "RotaryEmbedding")
+modeling_gpt_neox = Lazy("transformers.models.gpt_neox.modeling_gpt_neox")
+apply_rotary_pos_emb = Lazy(
+    "transformers.models.llama.modeling_llama", "apply_rotary_pos_emb"
+)
+modeling_phi3 = Lazy("transformers.models.phi3.modeling_phi3")
+qwen2_vl = Lazy("transformers.models.qwen2_vl.modeling_qwen2_vl")
 
-from diffusers.models.embeddings import apply_rotary_emb  # noqa: E402
-from diffusers.models.transformers.transformer_flux import FluxPosEmbed  # noqa: E402
-from rotary_embedding_torch import RotaryEmbedding as LucidrainsRotary  # noqa: E402
-from transformers.models.gpt_neox import modeling_gpt_neox  # noqa: E402
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
-from transformers.models.phi3 import modeling_phi3  # noqa: E402
-from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl  # noqa: E402
-from transformers.utils import logging  # noqa: E402
 
-logging.set_verbosity_error()  # transformers' advice on the random configs below
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_transformers() -> None:
+    # transformers' advice on the random configs below
+    require("transformers.utils.logging").set_verbosity_error()
+
 
 U32 = 2.0**-24
 FLOAT32_FACTOR = 2 + 1 / math.sqrt(2)

@@ -21,7 +21,7 @@ from posenc import (
     sincos_grid,
     timestep_embedding,
 )
-from tests.peers import require, timm_pos_embed_sincos
+from tests.peers import Lazy, require, timm_pos_embed_sincos
 from tests.sincos_peers import (
     adm_timestep_embedding,
     detr_position_embedding_sine,
@@ -30,7 +30,9 @@ from tests.sincos_peers import (
 )
 
 F64 = torch.float64
-embeddings = require("diffusers.models.embeddings")
+embeddings = Lazy(
+    "diffusers.models.embeddings"
+)  # imported by the first test that uses it
 
 
 def _angles(
