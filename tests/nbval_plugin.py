@@ -23,7 +23,7 @@
    test processes: this plugin is loaded (``-p`` in pyproject.toml) before pytest loads nbval.
 4. **Notebooks stay whole under pytest-xdist.** ``--dist loadgroup`` is scheduled by :class:`GroupedScheduling`:
    a notebook's cells are one unit (one worker, one kernel, in order), the browser tests another, the tests that
-   import the installed peers a third (one worker imports them). It lives here,
+   import the installed peers a third (one worker imports them), the tests that compile a fourth. It lives here,
    not in tests/conftest.py, because ``pytest book`` (``make test-portable``) never reads that conftest: there,
    xdist's own loadgroup (which pytest 9 makes ignore its groups) spread the cells of one notebook over both
    workers, and every cell after the first ran in a kernel that had not run the imports.
@@ -117,6 +117,13 @@ PEER_FILES = (
     "test_bench_rotary.py",
 )
 PEER_TESTS = ("tests/test_conventions.py::test_the_installed_hugging_face_tables",)
+#: Tests that compile or export with torch (test_compile.py, and elsewhere tests whose names say so: "compile",
+#: "inductor", "export"): one unit, so that
+#: one worker imports torch's compiler stack (about 4 s) and starts inductor once, and later graphs reuse what
+#: earlier ones built in the same process (tests/test_nbval_plugin.py checks that every test calling
+#: torch.compile, torch.export or torch._dynamo has such a name).
+COMPILE_WORDS = ("compile", "inductor", "export")
+COMPILE_FILES = ("test_compile.py",)  # all of it
 #: Tests that take many seconds each; started early, like the groups (seconds measured on 2 cores, serial run).
 SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_export.py")
 
@@ -124,7 +131,7 @@ SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_export.
 def scope_of(nodeid: str) -> str:
     """The scheduling unit of a test id under ``make test``: its notebook (all of a notebook's cells run in one
     worker, in order), ``browser`` for the browser tests, ``peers`` for those that import the installed peers,
-    or the test itself."""
+    ``compile`` for those that compile or export with torch, or the test itself."""
     head = nodeid.split("::", 1)[0]
     if (
         head.endswith(".ipynb") or "::ipynb::" in nodeid
@@ -137,6 +144,11 @@ def scope_of(nodeid: str) -> str:
         return head
     if name in PEER_FILES or nodeid.split("[", 1)[0] in PEER_TESTS:
         return "peers"
+    test = nodeid.split("::", 1)[-1].split("[", 1)[0]
+    if name in COMPILE_FILES or (
+        "::" in nodeid and any(word in test for word in COMPILE_WORDS)
+    ):
+        return "compile"
     return nodeid
 
 
@@ -169,9 +181,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.makedirs(cache, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    os.environ["PYTHONSTARTUP"] = (
-        STARTUP  # the run's kernels: figures drawn, not encoded (item 6)
-    )
+    # the run's kernels: figures drawn, not encoded (item 6)
+    os.environ["PYTHONSTARTUP"] = STARTUP
     try:
         import nbval.plugin as nbval_plugin
     except ImportError:  # the package tests also run where Jupyter is not installed

@@ -164,6 +164,36 @@ def test_scheduling_units() -> None:
         scope_of("tests/test_conventions.py::test_x")
         == "tests/test_conventions.py::test_x"
     )
+    assert scope_of("tests/test_rotary.py::test_inductor_x[2]") == "compile"
+    assert scope_of("tests/test_compile.py::test_x") == "compile"
+    assert (
+        scope_of("tests/test_precision.py::test_module_under_torch_compile")
+        == "compile"
+    )
+
+
+def test_every_test_that_compiles_is_in_the_compile_unit() -> None:
+    import ast
+
+    from tests.nbval_plugin import COMPILE_FILES, COMPILE_WORDS
+
+    outside = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith(
+                "test"
+            ):
+                continue
+            source = ast.unparse(node)
+            compiles = any(
+                call in source for call in ("torch.compile", "torch.export", "_dynamo")
+            )
+            named = any(word in node.name for word in COMPILE_WORDS)
+            if compiles and not named and path.name not in COMPILE_FILES:
+                outside.append(f"{path.name}::{node.name}")
+    assert not outside, (
+        f"name these for what they do (compile, inductor, export): {outside}"
+    )
 
 
 def test_the_peers_unit_holds_every_test_that_imports_a_peer() -> None:
