@@ -124,14 +124,15 @@ def test_a_forked_kernel_runs_in_its_directory_and_environment_is_interrupted_an
             kernel_pid != manager.provisioner.process.pid
         )  # the shim is what jupyter_client manages
         # an interrupt reaches the kernel through the shim
-        msg_id = client.execute("import time\ntime.sleep(30)")
+        # stop_on_error=False: after a failed request ipykernel aborts the requests that reach it while it is
+        # still clearing its queue; the check below came back "aborted" in a loaded run (and before it read the
+        # reply, its printed line was missing)
+        msg_id = client.execute("import time\ntime.sleep(30)", stop_on_error=False)
         time.sleep(1.0)
         manager.interrupt_kernel()
         reply = _reply(client, msg_id, 20)
         assert reply["content"]["ename"] == "KeyboardInterrupt"
-        # the kernel still works, then goes when its shim is killed. The answer is read from the execute reply:
-        # once, in a loaded full run, the line printed after the interrupt was not among the messages received
-        # before the kernel's idle status (a printed line goes through ipykernel's output thread)
+        # the kernel still works (the answer read from the execute reply), then goes when its shim is killed
         msg_id = client.execute("", user_expressions={"answer": "6 * 7"})
         reply = _reply(client, msg_id, 30)["content"]
         assert reply["status"] == "ok", reply
