@@ -118,10 +118,9 @@ PEER_FILES = (
 )
 PEER_TESTS = ("tests/test_conventions.py::test_the_installed_hugging_face_tables",)
 #: Tests that compile or export with torch (test_compile.py, and elsewhere tests whose names say so: "compile",
-#: "inductor", "export"): one unit, so that
-#: one worker imports torch's compiler stack (about 4 s) and starts inductor once, and later graphs reuse what
-#: earlier ones built in the same process (tests/test_nbval_plugin.py checks that every test calling
-#: torch.compile, torch.export or torch._dynamo has such a name).
+#: "inductor", "export"): one unit, so that one worker imports torch's compiler stack (about 4 s) and starts
+#: inductor once, and later graphs reuse what earlier ones built in the same process (tests/test_nbval_plugin.py
+#: checks that every test calling torch.compile, torch.export or torch._dynamo has such a name).
 COMPILE_WORDS = ("compile", "inductor", "export")
 COMPILE_FILES = ("test_compile.py",)  # all of it
 #: Tests that take many seconds each; started early, like the groups (seconds measured on 2 cores, serial run).
@@ -142,12 +141,12 @@ def scope_of(nodeid: str) -> str:
         return "browser"
     if name in FILE_UNITS:
         return head
-    if name in PEER_FILES or nodeid.split("[", 1)[0] in PEER_TESTS:
+    function = nodeid.partition("::")[2].split("[", 1)[
+        0
+    ]  # the test's name, without parameters
+    if name in PEER_FILES or f"{head}::{function}" in PEER_TESTS:
         return "peers"
-    test = nodeid.split("::", 1)[-1].split("[", 1)[0]
-    if name in COMPILE_FILES or (
-        "::" in nodeid and any(word in test for word in COMPILE_WORDS)
-    ):
+    if name in COMPILE_FILES or any(word in function for word in COMPILE_WORDS):
         return "compile"
     return nodeid
 
