@@ -6,7 +6,8 @@ for the tight bounding box, once for the image) and compress it into a PNG. Here
 once with Agg at its own dpi and no image is made: a draw-time error (bad mathtext, a failing artist) still
 surfaces in the cell's output and fails the test; only the second pass and the encoding are skipped. Measured
 on this 2-core machine: chapter 12's cells (nine figures) took 17.1 s with PNGs, 10.9 s with each figure drawn
-once (one run each); in whole `make test` runs the notebooks took 147 worker-seconds before, 127-128 after.
+once (one run each); in whole test runs the notebooks took 147 worker-seconds in one run before, 111-128 in
+three runs after.
 
 Nothing is left in the notebook's namespace. ``make notebooks`` (tools/nbrun.py) does not use this file: the
 stored outputs, and the book, keep their real PNGs.
