@@ -1,9 +1,9 @@
 """Notebook kernels forked from one process that has already imported torch, for the test runs only.
 
 Every notebook under nbval gets its own new kernel, and every new kernel used to spend about 3.5 s of a core
-importing the same modules (torch, numpy, IPython, ipykernel, matplotlib) before its first cell ran. In a test run
-(``POSENC_RUN_DIR`` set, tests/nbval_plugin.py), nbval's kernel command is this file instead of
-``python -m ipykernel_launcher``:
+importing the same modules (torch, numpy, IPython, ipykernel, matplotlib) before its first cell ran, and about 4 s
+more for torch's compiler where it compiles. In a test run (``POSENC_RUN_DIR`` set, tests/nbval_plugin.py),
+nbval's kernel command is this file instead of ``python -m ipykernel_launcher``:
 
 - the **shim** (``kernel_fork.py -f <connection file>``, what jupyter_client starts and manages) asks the run's
   **fork server** for a kernel: it sends its working directory, environment and arguments, and its standard
@@ -33,7 +33,7 @@ import sys
 import time
 
 SOCKET_NAME = "kernels.sock"
-#: What every chapter imports, imported once by the server (pyplot is not: it fixes its backend on import).
+#: What the chapters import, imported once by the server.
 PRELOAD = (
     "numpy",
     "torch",
@@ -44,6 +44,12 @@ PRELOAD = (
     # 0.3-0.45 s a kernel; importing pyplot loads no backend, so the inline backend still hooks into the kernel's
     # IPython at its first figure (tests/test_kernel_fork.py displays one)
     "matplotlib.pyplot",
+    # torch's compiler stack, about 4 s of a core to import, which every chapter that compiles paid at its first
+    # torch.compile (07's first compiled cell: 3.1 s with its own import, 0.75 s forked; the server's start: 4 s
+    # before, 7 s after). The settings these read from the environment at import are the run's: every kernel of
+    # a run has the run's environment (tests/test_kernel_fork.py compares them)
+    "torch._dynamo",
+    "torch._inductor.compile_fx",
 )
 #: matplotlib reads its backend from the environment when imported; ipykernel sets this same value before the
 #: kernel's first cell (``IPKernelApp.init_gui_pylab``), so the server sets it before importing matplotlib.

@@ -215,3 +215,43 @@ def test_a_run_s_kernel_draws_each_figure_once_and_makes_no_image(
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+@fresh_kernels
+def test_a_forked_kernel_s_inductor_and_dynamo_settings_are_this_run_s() -> None:
+    # The server imports torch's compiler stack once (kernel_fork.PRELOAD), so the settings it reads from the
+    # environment at import are read in the server. They must be those of any process of this run (this worker,
+    # whose environment every kernel of the run inherits): the run's inductor cache, its compile threads, ...
+    # The kernel runs in this worker's directory, as settings such as dynamo's debug_dir_root follow it. One
+    # setting may still differ: inductor's xpu.cutlass_dir is realpath("") at import, the working directory of the
+    # importing process (the server's, not the notebook's; used for XPU only, and outside inductor's cache key).
+    import ast
+
+    import torch._dynamo.config
+    import torch._inductor.config
+
+    manager, client = _start(Path.cwd())
+    try:
+        printed, reply = _run(
+            client,
+            "import sys\n"
+            "print('torch._dynamo' in sys.modules and 'torch._inductor.compile_fx' in sys.modules)\n"
+            "import torch._dynamo.config, torch._inductor.config\n"
+            "print(repr(torch._inductor.config.get_config_copy()))\n"
+            "print(repr(torch._dynamo.config.get_config_copy()))\n",
+        )
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert reply["status"] == "ok", reply
+    preloaded, inductor, dynamo = printed.splitlines()
+    assert preloaded == "True"  # imported by the server, before the kernel's first cell
+    for theirs, ours in (
+        (ast.literal_eval(inductor), torch._inductor.config.get_config_copy()),
+        (ast.literal_eval(dynamo), torch._dynamo.config.get_config_copy()),
+    ):
+        assert theirs.keys() == ours.keys()
+        differ = [name for name in ours if theirs[name] != ours[name]]
+        assert differ in ([], ["xpu.cutlass_dir"]), {
+            n: (theirs[n], ours[n]) for n in differ
+        }
