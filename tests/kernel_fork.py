@@ -46,8 +46,9 @@ PRELOAD = (
     "matplotlib.pyplot",
     # torch's compiler stack, about 4 s of a core to import, which every chapter that compiles paid at its first
     # torch.compile (07's first compiled cell: 3.1 s with its own import, 0.75 s forked; the server's start: 4 s
-    # before, 7 s after). The settings these read from the environment at import are the run's: every kernel of
-    # a run has the run's environment (tests/test_kernel_fork.py compares them)
+    # before, 7 s after). The settings these read from the environment at import are the run's (every kernel of
+    # a run has the run's environment); those read from the working directory are re-derived in each kernel
+    # (_settings_of_this_directory). tests/test_kernel_fork.py compares them all with a fresh interpreter's.
     "torch._dynamo",
     "torch._inductor.compile_fx",
 )
@@ -169,6 +170,7 @@ def _kernel(connection: socket.socket, request: dict, fds: list[int]) -> None:
         os.environ.update(request["env"])
         sys.argv = ["ipykernel_launcher", *request["argv"]]
         sys.path[0] = os.getcwd()  # as `python -m` puts it
+        _settings_of_this_directory()
 
         def watch() -> None:  # the shim gone (killed): the kernel goes too
             while connection.recv(64):
@@ -185,6 +187,20 @@ def _kernel(connection: socket.socket, request: dict, fds: list[int]) -> None:
         traceback.print_exc()
         os._exit(1)
     os._exit(0)
+
+
+def _settings_of_this_directory() -> None:
+    """Re-derive, in the forked kernel, the preloaded settings that torch computes from the working directory at
+    import: those of the server's directory otherwise (tests/test_kernel_fork.py compares every setting with a
+    fresh interpreter's)."""
+    dynamo = sys.modules.get("torch._dynamo.config")
+    if dynamo is not None:
+        dynamo.debug_dir_root = dynamo.default_debug_dir_root()
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:  # torch/_inductor/config.py, class xpu
+        inductor.xpu.cutlass_dir = os.path.realpath(
+            os.environ.get("TORCHINDUCTOR_CUTLASS_DIR", "")
+        )
 
 
 def serve(path: str) -> None:

@@ -217,41 +217,47 @@ def test_a_run_s_kernel_draws_each_figure_once_and_makes_no_image(
         manager.shutdown_kernel(now=True)
 
 
+SETTINGS = (
+    "import sys\n"
+    "print('torch._dynamo' in sys.modules and 'torch._inductor.compile_fx' in sys.modules)\n"
+    "import torch._dynamo.config, torch._inductor.config\n"
+    "print(repr(torch._inductor.config.get_config_copy()))\n"
+    "print(repr(torch._dynamo.config.get_config_copy()))\n"
+)
+
+
 @fresh_kernels
-def test_a_forked_kernel_s_inductor_and_dynamo_settings_are_this_run_s() -> None:
-    # The server imports torch's compiler stack once (kernel_fork.PRELOAD), so the settings it reads from the
-    # environment at import are read in the server. They must be those of any process of this run (this worker,
-    # whose environment every kernel of the run inherits): the run's inductor cache, its compile threads, ...
-    # The kernel runs in this worker's directory, as settings such as dynamo's debug_dir_root follow it. One
-    # setting may still differ: inductor's xpu.cutlass_dir is realpath("") at import, the working directory of the
-    # importing process (the server's, not the notebook's; used for XPU only, and outside inductor's cache key).
+def test_a_forked_kernel_s_inductor_and_dynamo_settings_are_a_fresh_interpreter_s(
+    tmp_path: Path,
+) -> None:
+    # The server imports torch's compiler stack once (kernel_fork.PRELOAD), so the settings torch reads at import
+    # are read in the server: from its environment (the run's, as every kernel's) and its working directory
+    # (re-derived in each kernel). A kernel in a new directory has every setting of a fresh interpreter started
+    # there with the same environment.
     import ast
+    import subprocess
+    import sys
 
-    import torch._dynamo.config
-    import torch._inductor.config
-
-    manager, client = _start(Path.cwd())
+    manager, client = _start(tmp_path)
     try:
-        printed, reply = _run(
-            client,
-            "import sys\n"
-            "print('torch._dynamo' in sys.modules and 'torch._inductor.compile_fx' in sys.modules)\n"
-            "import torch._dynamo.config, torch._inductor.config\n"
-            "print(repr(torch._inductor.config.get_config_copy()))\n"
-            "print(repr(torch._dynamo.config.get_config_copy()))\n",
-        )
+        printed, reply = _run(client, SETTINGS)
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
     assert reply["status"] == "ok", reply
-    preloaded, inductor, dynamo = printed.splitlines()
+    fresh = subprocess.run(
+        [sys.executable, "-c", SETTINGS],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    preloaded, *forked = printed.splitlines()
     assert preloaded == "True"  # imported by the server, before the kernel's first cell
-    for theirs, ours in (
-        (ast.literal_eval(inductor), torch._inductor.config.get_config_copy()),
-        (ast.literal_eval(dynamo), torch._dynamo.config.get_config_copy()),
-    ):
+    assert fresh.splitlines()[0] == "False"
+    for theirs, ours in zip(forked, fresh.splitlines()[1:]):
+        theirs, ours = ast.literal_eval(theirs), ast.literal_eval(ours)
         assert theirs.keys() == ours.keys()
         differ = [name for name in ours if theirs[name] != ours[name]]
-        assert differ in ([], ["xpu.cutlass_dir"]), {
-            n: (theirs[n], ours[n]) for n in differ
-        }
+        assert not differ, {name: (theirs[name], ours[name]) for name in differ}
+    assert ast.literal_eval(forked[1])["debug_dir_root"].startswith(str(tmp_path))
