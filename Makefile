@@ -55,7 +55,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@touch $(STAMP)
 
 # The last good build, and what the book is built from (the pages, their extensions and static files, the
-# package for the API page, the experiment's code that chapter 12 includes, the configuration): `make book` runs
+# package for the API page, the experiment's code that chapter 08 includes, the configuration): `make book` runs
 # jupyter-book only when one of them is newer than the last good build (an unchanged book: no 7 s Sphinx start).
 BOOK_STAMP := _build/html/.posenc-built
 BOOK_INPUTS := _config.yml _toc.yml $(shell find book posenc experiments/position -type f \

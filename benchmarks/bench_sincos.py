@@ -254,7 +254,7 @@ def half_angle_embedding(
 
 def make_groups() -> dict[str, dict[str, Callable[[], Any]]]:
     """The callables to time, per group; the first of each group is its baseline (diffusers)."""
-    # imported here: the module's roads (chapter 11, tests/test_bench_sincos.py) need no diffusers, whose import
+    # imported here: the module's roads (chapter 07, tests/test_bench_sincos.py) need no diffusers, whose import
     # takes seconds
     from diffusers.models.embeddings import Timesteps as DiffusersTimesteps
     from diffusers.models.embeddings import (

@@ -5,7 +5,7 @@ nbval compares a figure's ``text/plain`` (``<Figure size 800x520 with 15 Axes>``
 for the tight bounding box, once for the image) and compress it into a PNG. Here, a PNG-kind figure is drawn
 once with Agg at its own dpi and no image is made: a draw-time error (bad mathtext, a failing artist) still
 surfaces in the cell's output and fails the test; only the second pass and the encoding are skipped. Measured
-on this 2-core machine: chapter 12's cells (nine figures) took 17.1 s with PNGs, 10.9 s with each figure drawn
+on this 2-core machine: chapter 08's cells (nine figures) took 17.1 s with PNGs, 10.9 s with each figure drawn
 once (one run each); in whole test runs the notebooks took 147 worker-seconds in one run before, 111-128 in
 three runs after.
 

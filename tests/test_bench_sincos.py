@@ -268,7 +268,7 @@ def test_the_committed_results_are_what_the_chapter_reads():
 
 
 def test_the_chapter_s_sentences_agree_with_the_committed_results():
-    # book/11_timesteps_and_grids.ipynb, "Speed"
+    # book/07_timesteps_and_grids.ipynb, "Speed"
     results = bench_sincos.latest_results("cpu")
     one = results["runs"][0]
     speedup = {row["group"]: row["speedup"] for row in one["rows"]}

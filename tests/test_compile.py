@@ -3,7 +3,7 @@
 Two paths are checked. Within ``max_len`` the compiled graph reads the cached table (built while tracing, outside
 the graph), so it adds the same float32 rows as eager mode and matches bitwise. Past ``max_len``, and in an exported
 program, the encoding is computed inside the graph by another kernel (inductor's sin/cos and pow, not ATen's), so
-it matches to the tolerance derived in ``tolerance`` below. The chapter book/07_gpu.ipynb states the same results.
+it matches to the tolerance derived in ``tolerance`` below. The chapter book/10_gpu.ipynb states the same results.
 
 Compilation on CPU is slow (inductor builds C++), so the structural checks use a backend that only records the
 graph and runs it eagerly, and a few tests compile for real.

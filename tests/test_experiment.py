@@ -1,4 +1,4 @@
-"""The "does position matter?" harness (experiments/position, book/12_position_matters.ipynb).
+"""The "does position matter?" harness (experiments/position, book/08_position_matters.ipynb).
 
 Quick checks only (well under a minute on a 2-core CPU): one scheme learns copy inside its training lengths, a
 seed fixes the result, every scheme runs past the training length (the learned table raises its documented
@@ -47,7 +47,7 @@ from experiments.position.train import (
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results" / "position-matters-cpu.json"
-CHAPTER = ROOT / "book" / "12_position_matters.ipynb"
+CHAPTER = ROOT / "book" / "08_position_matters.ipynb"
 SMALL = ModelConfig(
     scheme="none", d_model=16, n_heads=2, n_layers=2, d_ff=32, max_positions=14
 )

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (book/10_rotary.ipynb): tables, rotation, module, peers, precision, compile, export.
+"""Rotary position embeddings (book/06_rotary.ipynb): tables, rotation, module, peers, precision, compile, export.
 
 Bounds (derived in the chapter):
 
@@ -784,7 +784,7 @@ def test_export_function_with_positions_bitwise():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Scaling (rope_type): the formulas of chapter 10, checked from their definitions (transformers itself:
+# Scaling (rope_type): the formulas of chapter 06, checked from their definitions (transformers itself:
 # test_rotary_peers.py)
 # ----------------------------------------------------------------------------------------------------------
 

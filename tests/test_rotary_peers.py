@@ -1,4 +1,4 @@
-"""posenc's rotary embeddings against the installed peers themselves (book/10_rotary.ipynb): transformers 5.23,
+"""posenc's rotary embeddings against the installed peers themselves (book/06_rotary.ipynb): transformers 5.23,
 diffusers 0.42.1, timm 1.0.31 (its real ``pos_embed_sincos``, via tests/peers.py) and rotary-embedding-torch 0.9.1.
 
 Not run on the torch floor (tools/floor_check.py runs tests/test_rotary.py, which needs none of these packages).

@@ -2,7 +2,7 @@
 
 Checked against mpmath (float32 within 2^-24 of the exact values), against the recipes restated from their sources
 in tests/sincos_peers.py (DDPM, ADM/DiT, MAE/DiT, MoCo v3, Big Vision, DETR, NeRF), and for the structure the
-chapter (book/11_timesteps_and_grids.ipynb) derives: every grid convention a permutation or a schedule of one
+chapter (book/07_timesteps_and_grids.ipynb) derives: every grid convention a permutation or a schedule of one
 reference, the shortcut for expanded time steps, the modules' empty state, and every bad input. The installed
 diffusers, timm and transformers are compared in tests/test_timesteps_peers.py (this file runs on the package's
 floor, without them).

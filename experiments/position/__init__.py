@@ -1,4 +1,4 @@
-"""Does position matter? Tiny decoders trained with each positional scheme (see ``book/12_position_matters``).
+"""Does position matter? Tiny decoders trained with each positional scheme (see ``book/08_position_matters``).
 
 - :mod:`experiments.position.tasks`: copy, reverse and sort, as token sequences.
 - :mod:`experiments.position.model`: the decoder and its six positional schemes.
