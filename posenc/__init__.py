@@ -19,13 +19,8 @@ shapes of its arguments and results.
 from posenc.encoding import frequencies, sinusoidal_encoding
 from posenc.module import PositionalEncoding, get_positional_encoding
 from posenc.offsets import offset_matrix
-from posenc.rotary import (
-    ROPE_TYPES,
-    RotaryEmbedding,
-    apply_rotary,
-    rotary_cos_sin,
-    rotary_frequencies,
-)
+from posenc.rope_scaling import ROPE_TYPES, rotary_frequencies
+from posenc.rotary import RotaryEmbedding, apply_rotary, rotary_cos_sin
 from posenc.sincos import (
     GRID_CONVENTIONS,
     PositionEmbeddingSine,

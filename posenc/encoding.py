@@ -6,64 +6,20 @@ from __future__ import annotations
 
 __all__ = ["LAYOUTS", "SCHEDULES", "frequencies", "sinusoidal_encoding"]
 
-import math
-import numbers
-import operator
-
 import torch
 from torch import Tensor
 
+from posenc._checks import (
+    check_base,
+    check_choice,
+    check_count,
+    check_dtype,
+    check_int,
+    check_integer_tensor,
+)
+
 LAYOUTS = ("interleaved", "concat")
 SCHEDULES = ("paper", "tensor2tensor")
-
-
-def _check_d_model(d_model: object) -> int:
-    """Return `d_model` as an int, or raise naming the value and the fix."""
-    if isinstance(d_model, bool):
-        raise TypeError(
-            "d_model must be a positive int (the embedding width), "
-            f"got {d_model!r}; pass e.g. d_model=512"
-        )
-    if not isinstance(d_model, int):
-        try:
-            # numpy ints and 0-d integer tensors
-            d_model = operator.index(d_model)
-        except TypeError:
-            raise TypeError(
-                "d_model must be a positive int (the embedding width), "
-                f"got {d_model!r} of type {type(d_model).__name__}; "
-                "pass e.g. d_model=512"
-            ) from None
-    if d_model < 1:
-        raise ValueError(
-            "d_model must be a positive int (the embedding width), "
-            f"got {d_model}; pass e.g. d_model=512"
-        )
-    return d_model
-
-
-def _check_base(base: object) -> float:
-    """Return `base` as a float > 1, or raise naming the value and the fix."""
-    if isinstance(base, bool) or not isinstance(base, numbers.Real):
-        raise TypeError(
-            f"base must be a real number > 1, got {base!r} of type "
-            f"{type(base).__name__}; the paper uses base=10000.0"
-        )
-    if not (math.isfinite(base) and base > 1):
-        raise ValueError(
-            "base must be a finite number > 1 (wavelengths grow from 2*pi "
-            f"to 2*pi*base), got {base}; the paper uses base=10000.0"
-        )
-    return float(base)
-
-
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
-    """Return `value` if it is one of `choices`, else raise listing them."""
-    if value not in choices:
-        raise ValueError(
-            f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
-        )
-    return value  # type: ignore[return-value]
 
 
 def _check_table_args(
@@ -77,40 +33,14 @@ def _check_table_args(
 
     Returns ``(d_model, base)``, validated.
     """
-    d_model, base = _check_d_model(d_model), _check_base(base)
-    _check_choice("layout", layout, LAYOUTS)
-    _check_choice("frequencies", frequencies, SCHEDULES)
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(
-            f"dtype must be a floating torch.dtype, got {dtype!r}; "
-            "pass e.g. dtype=torch.float32"
-        )
+    d_model, base = (
+        check_count("d_model", d_model, 1, "512", "the embedding width"),
+        check_base(base),
+    )
+    check_choice("layout", layout, LAYOUTS)
+    check_choice("frequencies", frequencies, SCHEDULES)
+    check_dtype(dtype)
     return d_model, base
-
-
-def _check_integer_tensor(name: str, value: Tensor, fix: str) -> None:
-    """Raise a TypeError naming ``name`` unless ``value`` holds integers.
-
-    Bool tensors are refused too.
-    """
-    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(
-            f"{name} must be an integer tensor, got dtype {value.dtype}; {fix}"
-        )
-
-
-def _check_int(name: str, value: object, fix: str) -> int:
-    """Return ``value`` as an int, or raise a TypeError naming ``name``.
-
-    Python, NumPy and 0-d tensor integers are accepted; bool is not.
-    """
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    kind = type(value).__name__
-    raise TypeError(f"{name} must be an int or an integer tensor, got {kind}; {fix}")
 
 
 def frequencies(
@@ -146,9 +76,9 @@ def frequencies(
         ValueError: ``d_model`` < 1, ``base`` not a finite number > 1, or an
             unknown ``schedule``.
     """
-    d_model = _check_d_model(d_model)
-    base = _check_base(base)
-    _check_choice("schedule", schedule, SCHEDULES)
+    d_model = check_count("d_model", d_model, 1, "512", "the embedding width")
+    base = check_base(base)
+    check_choice("schedule", schedule, SCHEDULES)
     return _omega(d_model, base, schedule).to(dtype)
 
 
@@ -242,7 +172,7 @@ def sinusoidal_encoding(
     """
     d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(positions, Tensor):
-        _check_integer_tensor(
+        check_integer_tensor(
             "positions",
             positions,
             "integer positions are required here (token indices 0, 1, 2, ..., "
@@ -266,7 +196,7 @@ def sinusoidal_encoding(
             dtype=torch.float64,
         )
     else:
-        positions = _check_int(
+        positions = check_int(
             "positions",
             positions,
             "pass e.g. positions=128 or positions=torch.arange(128)",

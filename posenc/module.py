@@ -7,39 +7,18 @@ from __future__ import annotations
 __all__ = ["CLASSIC_TABLE_KEYS", "PositionalEncoding", "get_positional_encoding"]
 
 import numbers
-import operator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from posenc.encoding import (
-    LAYOUTS,
-    SCHEDULES,
-    _check_base,
-    _check_choice,
-    _check_d_model,
-    sinusoidal_encoding,
-)
+from posenc._checks import check_base, check_choice, check_count, check_offset
+from posenc.encoding import LAYOUTS, SCHEDULES, sinusoidal_encoding
 
 #: state_dict keys under which classic code saves its table: labml's
 #: EmbeddingsWithPositionalEncoding (its PositionalEncoding saves none) and the
 #: PyTorch tutorial's / spotpython's PositionalEncoding.
 CLASSIC_TABLE_KEYS = ("positional_encodings", "pe")
-
-
-def _check_max_len(max_len: object) -> int:
-    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral):
-        raise TypeError(
-            "max_len must be a positive int (the number of cached positions), "
-            f"got {max_len!r} of type {type(max_len).__name__}; pass e.g. max_len=5000"
-        )
-    if max_len < 1:
-        raise ValueError(
-            "max_len must be a positive int (the number of cached positions), "
-            f"got {max_len}; pass e.g. max_len=5000"
-        )
-    return int(max_len)
 
 
 def _check_dropout(dropout_prob: object, dropout: object) -> float:
@@ -123,14 +102,16 @@ class PositionalEncoding(nn.Module):
         frequencies: str = "paper",
     ) -> None:
         super().__init__()
-        self.d_model = _check_d_model(d_model)
-        self.max_len = _check_max_len(max_len)
-        self.base = _check_base(base)
+        self.d_model = check_count("d_model", d_model, 1, "512", "the embedding width")
+        self.max_len = check_count(
+            "max_len", max_len, 1, "5000", "the number of cached positions"
+        )
+        self.base = check_base(base)
         if not isinstance(batch_first, bool):
             raise TypeError(f"batch_first must be a bool, got {batch_first!r}")
         self.batch_first = batch_first
-        self.layout = _check_choice("layout", layout, LAYOUTS)
-        self.frequencies = _check_choice("frequencies", frequencies, SCHEDULES)
+        self.layout = check_choice("layout", layout, LAYOUTS)
+        self.frequencies = check_choice("frequencies", frequencies, SCHEDULES)
         self.dropout = nn.Dropout(_check_dropout(dropout_prob, dropout))
         # (device, dtype) -> table [max_len, 1, d_model] (sequence-first) or
         # [max_len, d_model] (batch-first). A plain dict, not a buffer: never in
@@ -254,7 +235,7 @@ class PositionalEncoding(nn.Module):
         seq_len = x.shape[seq_axis]
         if positions is None:
             if offset.__class__ is not int:
-                offset = _check_offset(offset)
+                offset = check_offset(offset)
             elif offset < 0:
                 raise ValueError(
                     "offset must be an int >= 0 (the position of x's first token), "
@@ -363,30 +344,6 @@ class PositionalEncoding(nn.Module):
         )
 
 
-def _check_offset(offset: object) -> int:
-    if isinstance(offset, bool):
-        raise TypeError(
-            "offset must be an int >= 0 (the position of x's first token), "
-            f"got {offset!r}"
-        )
-    if torch.compiler.is_compiling():
-        # a symbolic int under torch.compile
-        return offset  # type: ignore[return-value]
-    try:
-        offset = operator.index(offset)
-    except TypeError:
-        raise TypeError(
-            f"offset must be an int >= 0 (the position of x's first token), "
-            f"got {offset!r} of type {type(offset).__name__}"
-        ) from None
-    if offset < 0:
-        raise ValueError(
-            "offset must be an int >= 0 (the position of x's first token), "
-            f"got {offset}"
-        )
-    return offset
-
-
 # torch.export sets is_exporting(); torch < 2.4 lacks it, and there any compilation is
 # treated as an export.
 _is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
@@ -456,5 +413,7 @@ def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
         float32 tensor of shape ``[max_len, 1, d_model]`` (sequence-first, with a
         batch axis of 1 to broadcast).
     """
-    max_len = _check_max_len(max_len)
+    max_len = check_count(
+        "max_len", max_len, 1, "5000", "the number of cached positions"
+    )
     return sinusoidal_encoding(max_len, d_model, dtype=torch.float32).unsqueeze(1)

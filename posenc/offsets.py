@@ -9,13 +9,8 @@ __all__ = ["offset_matrix"]
 import torch
 from torch import Tensor
 
-from posenc.encoding import (
-    _check_int,
-    _check_integer_tensor,
-    _check_table_args,
-    _omega,
-    _round_once,
-)
+from posenc._checks import check_int, check_integer_tensor
+from posenc.encoding import _check_table_args, _omega, _round_once
 
 
 def _pair_channels(
@@ -91,7 +86,7 @@ def offset_matrix(
     """
     d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(offset, Tensor):
-        _check_integer_tensor(
+        check_integer_tensor(
             "offset", offset, "pass e.g. offset.long() (offsets count positions)"
         )
         target = device if device is not None else offset.device
@@ -99,7 +94,7 @@ def offset_matrix(
     else:
         fix = "pass e.g. offset=3 or offset=torch.tensor([1, -2])"
         k = torch.tensor(
-            _check_int("offset", offset, fix), dtype=torch.float64, device=device
+            check_int("offset", offset, fix), dtype=torch.float64, device=device
         )
     m = d_model // 2
     omega = _omega(d_model, base, frequencies)[:m].to(k.device)

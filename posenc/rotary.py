@@ -4,75 +4,37 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "ROPE_TYPES",
-    "ROTARY_LAYOUTS",
-    "RotaryEmbedding",
-    "apply_rotary",
-    "rotary_cos_sin",
-    "rotary_frequencies",
-]
+__all__ = ["ROTARY_LAYOUTS", "RotaryEmbedding", "apply_rotary", "rotary_cos_sin"]
 
-import ast
-import math
-import numbers
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from posenc.encoding import (
-    _check_base,
-    _check_choice,
-    _check_int,
-    _check_integer_tensor,
-    _omega,
-    _round_once,
+from posenc._checks import (
+    check_choice,
+    check_count,
+    check_dtype,
+    check_even,
+    check_int,
+    check_integer_tensor,
+    check_offset,
+    values_checkable,
 )
+from posenc.encoding import _round_once
 from posenc.module import _assume_constant_result
+from posenc.rope_scaling import (
+    _attention_factor,
+    _check_axes_dim,
+    _frequencies_of,
+    _frozen,
+    _rope_parameters,
+    _rotated_width,
+)
 
 #: Channel layouts of the rotated pairs: (2i, 2i+1), or (i, i + rotary_dim / 2).
 ROTARY_LAYOUTS = ("interleaved", "half")
-#: The rope_type values (of a Hugging Face rope_parameters dict) that posenc reads.
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
-
-
-def _check_even(name: str, value: object, what: str, example: str) -> int:
-    """Return ``value`` as a positive even int, or raise naming ``name``."""
-    fix = f"pass e.g. {name}={example}"
-    value = _check_int(name, value, fix)
-    if value < 2 or value % 2:
-        raise ValueError(
-            f"{name} must be a positive even int ({what}: channels are rotated in "
-            f"pairs), got {value}; {fix}"
-        )
-    return value
-
-
-def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
-    """``rotary_dim`` checked against ``head_dim`` (``None`` means all channels)."""
-    if rotary_dim is None:
-        return head_dim
-    what = "the number of rotated channels"
-    rotary_dim = _check_even("rotary_dim", rotary_dim, what, str(head_dim))
-    if rotary_dim > head_dim:
-        raise ValueError(
-            f"rotary_dim must be <= head_dim={head_dim} (only the first rotary_dim "
-            f"channels are rotated), got {rotary_dim}; pass rotary_dim=None to "
-            "rotate all of them"
-        )
-    return rotary_dim
-
-
-def _check_dtype(dtype: object) -> torch.dtype:
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(
-            f"dtype must be a floating torch.dtype, got {dtype!r}; "
-            "pass e.g. dtype=torch.float32"
-        )
-    return dtype
 
 
 def _check_seq_dim(seq_dim: object) -> int:
@@ -91,7 +53,7 @@ def _check_seq_dim(seq_dim: object) -> int:
 
 def _check_positions(positions: Tensor) -> None:
     """Integer dtype always; values >= 0 where they can be read (not while tracing)."""
-    _check_integer_tensor(
+    check_integer_tensor(
         "positions",
         positions,
         "integer positions are required (token indices 0, 1, 2, ..., e.g. "
@@ -99,40 +61,11 @@ def _check_positions(positions: Tensor) -> None:
         "interpolation, are integer positions with scaling={'rope_type': "
         "'linear', 'factor': f}",
     )
-    checkable = not torch.compiler.is_compiling() and positions.device.type != "meta"
-    if checkable and positions.numel() and int(positions.min()) < 0:
+    if values_checkable(positions) and positions.numel() and int(positions.min()) < 0:
         raise ValueError(
             f"positions must be >= 0, got a minimum of {int(positions.min())}; "
             "shift them, e.g. positions - positions.min()"
         )
-
-
-def _check_offset(offset: object, name: str = "offset") -> int:
-    """``offset`` as an int >= 0. Also while torch.compile traces: a negative int
-    (or symbolic int) raises there too, instead of indexing the table from its end."""
-    fix = "the position of the first token, e.g. 128 when decoding"
-    if name == "positions":
-        fix += "; or an integer tensor [seq_len] or [batch, seq_len]"
-    symbolic = offset.__class__ is torch.SymInt
-    tracing_int = torch.compiler.is_compiling() and isinstance(offset, int)
-    if (symbolic or tracing_int) and not isinstance(offset, bool):
-        # while tracing: a comparison guards on the sign alone, operator.index would
-        # specialise the graph to this one offset (a recompile per decoding step)
-        if offset < 0:
-            raise ValueError(f"{name} must be an int >= 0 ({fix})")
-        return offset  # type: ignore[return-value]
-    if isinstance(offset, bool):
-        raise TypeError(f"{name} must be an int >= 0 ({fix}), got {offset!r}")
-    try:
-        offset = operator.index(offset)
-    except TypeError:
-        raise TypeError(
-            f"{name} must be an int >= 0 ({fix}), got {offset!r} "
-            f"of type {type(offset).__name__}"
-        ) from None
-    if offset < 0:
-        raise ValueError(f"{name} must be an int >= 0 ({fix}), got {offset}")
-    return offset
 
 
 def _check_x(name: str, x: object, seq_dim: int = -2) -> Tensor:
@@ -502,12 +435,12 @@ def rotary_cos_sin(
         for multi-axis); ``cos[..., c]``, ``sin[..., c]`` are cos θ and sin θ of the
         pair that channel c belongs to, times the attention factor.
     """
-    head_dim = _check_even("head_dim", head_dim, "channels per head", "128")
+    head_dim = check_even("head_dim", head_dim, "channels per head", "128")
     rope = _Rope(
         head_dim, base=base, layout=layout, rotary_dim=rotary_dim, scaling=scaling,
         axes_dim=axes_dim,
     )  # fmt: skip
-    dtype = _check_dtype(dtype)
+    dtype = check_dtype(dtype)
     _check_traceable(rope)
     if isinstance(positions, Tensor):
         _check_positions(positions)
@@ -522,7 +455,7 @@ def rotary_cos_sin(
             positions = positions.to(device)
     else:
         fix = "pass e.g. positions=128 or positions=torch.arange(128)"
-        n = _check_int("positions", positions, fix)
+        n = check_int("positions", positions, fix)
         if n < 0:
             raise ValueError(f"positions must be >= 0 when given as a count n, got {n}")
         if rope.sections:
@@ -596,7 +529,7 @@ def apply_rotary(
     elif not x.is_floating_point():
         x = _check_x("x", x, seq_dim)  # raises, naming the dtype
     if layout not in ROTARY_LAYOUTS:
-        _check_choice("layout", layout, ROTARY_LAYOUTS)
+        check_choice("layout", layout, ROTARY_LAYOUTS)
     dtype = _compute_dtype(x)
     if cos is not None or sin is not None:
         if positions is not None:
@@ -630,7 +563,7 @@ def apply_rotary(
             p = positions.to(x.device)
             seq_len = None if rope.static else _seq_len(p)
         else:
-            offset = _check_offset(0 if positions is None else positions, "positions")
+            offset = check_offset(0 if positions is None else positions, "positions")
             if rope.sections:
                 raise ValueError(
                     f"multi-axis RoPE needs positions [{len(rope.sections)}, seq_len] "
@@ -705,7 +638,7 @@ class RotaryEmbedding(nn.Module):
         axes_dim: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
-        self.head_dim = _check_even("head_dim", head_dim, "channels per head", "128")
+        self.head_dim = check_even("head_dim", head_dim, "channels per head", "128")
         self._rope = _Rope(
             self.head_dim, base=base, layout=layout, rotary_dim=rotary_dim,
             scaling=scaling, axes_dim=axes_dim,
@@ -714,7 +647,9 @@ class RotaryEmbedding(nn.Module):
         self.base = self._rope.params["rope_theta"]
         self.rope_type = self._rope.params["rope_type"]
         self.axes_dim = list(axes_dim) if axes_dim is not None else None
-        self.max_len = _check_max_len(max_len)
+        self.max_len = check_count(
+            "max_len", max_len, 1, "5000", "the number of cached positions"
+        )
         #: the factor the tables are multiplied by (YaRN, LongRoPE; else 1.0)
         self.attention_factor = self._rope.attention
         # dynamic NTK: the longest sequence kept; longrope: the last call's length
@@ -790,11 +725,11 @@ class RotaryEmbedding(nn.Module):
             ``[*positions.shape, rotary_dim]`` for a tensor (multi-axis: without
             the leading axes dimension).
         """
-        dtype = _check_dtype(dtype)
+        dtype = check_dtype(dtype)
         _check_traceable(self._rope)
         if not isinstance(positions, Tensor):
             fix = "pass e.g. positions=128 or position_ids [batch, seq_len]"
-            n = _check_int("positions", positions, fix)
+            n = check_int("positions", positions, fix)
             if n < 0:
                 raise ValueError(
                     f"positions must be >= 0 when given as a count n, got {n}"
@@ -839,7 +774,7 @@ class RotaryEmbedding(nn.Module):
         dtype, rope = _compute_dtype(x), self._rope
         _check_traceable(rope)
         if positions is None:
-            offset = _check_offset(offset)
+            offset = check_offset(offset)
             if rope.sections:
                 axes = len(rope.sections)
                 raise ValueError(
@@ -961,20 +896,6 @@ class RotaryEmbedding(nn.Module):
         return _rotate(x, cos, sin, sign, self.layout)
 
 
-def _check_max_len(max_len: object) -> int:
-    if isinstance(max_len, bool) or not isinstance(max_len, numbers.Integral):
-        raise TypeError(
-            f"max_len must be a positive int (the number of cached positions), got "
-            f"{max_len!r} of type {type(max_len).__name__}; pass e.g. max_len=4096"
-        )
-    if max_len < 1:
-        raise ValueError(
-            f"max_len must be a positive int (the number of cached positions), got "
-            f"{max_len}; pass e.g. max_len=4096"
-        )
-    return int(max_len)
-
-
 def _check_head_dim(name: str, x: Tensor, head_dim: int) -> None:
     if x.shape[-1] != head_dim:
         raise ValueError(
@@ -1032,425 +953,6 @@ def _build_table_outside_graph(
     return True
 
 
-#: The keys each rope_type reads (Hugging Face's names), besides the common ones.
-_TYPE_KEYS: dict[str, tuple[str, ...]] = {
-    "default": (),
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "yarn": (
-        "factor", "original_max_position_embeddings", "attention_factor",
-        "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
-    ),
-    "llama3": (
-        "factor", "low_freq_factor", "high_freq_factor",
-        "original_max_position_embeddings",
-    ),
-    "longrope": (
-        "short_factor", "long_factor", "factor",
-        "original_max_position_embeddings", "attention_factor",
-    ),
-}  # fmt: skip
-#: Keys every type accepts. ``max_position_embeddings`` is the model config's own
-#: field (Hugging Face reads it from the config, not from the dict): dynamic NTK
-#: needs it, and yarn, llama3 and longrope fall back on it as HF does.
-_COMMON_KEYS = (
-    "rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section",
-    "max_position_embeddings",
-)  # fmt: skip
-
-
-def _param_number(
-    params: dict[str, Any], key: str, *, low: float, strict: bool = True
-) -> float:
-    """``params[key]`` as a finite float > low (>= low unless ``strict``)."""
-    value = params[key]
-    where = f"scaling[{key!r}]"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where} must be a number, got {value!r}")
-    ok = value > low if strict else value >= low
-    if not (math.isfinite(value) and ok):
-        bound = f"> {low:g}" if strict else f">= {low:g}"
-        raise ValueError(f"{where} must be a finite number {bound}, got {value!r}")
-    return float(value)
-
-
-def _param_int(params: dict[str, Any], key: str, rope_type: str) -> int:
-    """``params[key]`` (a context length) as a positive int."""
-    if key not in params:
-        raise ValueError(
-            f"rope_type {rope_type!r} needs scaling[{key!r}] (the pretraining context "
-            f"length, from the model config), e.g. {key}=8192"
-        )
-    value = params[key]
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"scaling[{key!r}] must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _param_list(params: dict[str, Any], key: str, *, ints: bool) -> list:
-    value = params[key]
-    kind = (numbers.Integral,) if ints else (numbers.Real,)
-    if not (
-        isinstance(value, (list, tuple))
-        and value
-        and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
-        and all(v > 0 and math.isfinite(v) for v in value)
-    ):
-        what = "positive ints" if ints else "positive numbers"
-        raise ValueError(f"scaling[{key!r}] must be a list of {what}, got {value!r}")
-    return [int(v) if ints else float(v) for v in value]
-
-
-def _rope_parameters(scaling: object, base: object) -> dict[str, Any]:
-    """A checked copy of ``scaling`` (a Hugging Face ``rope_parameters`` or
-    ``rope_scaling`` dict) with ``rope_type``, ``rope_theta`` and the defaults
-    transformers applies: the one description every table is computed from."""
-    if scaling is None:
-        scaling = {}
-    if not isinstance(scaling, Mapping):
-        raise TypeError(
-            f"scaling must be a dict like a model config's rope_parameters (or "
-            f"rope_scaling), e.g. {{'rope_type': 'llama3', 'factor': 8.0, ...}}, got "
-            f"{type(scaling).__name__}"
-        )
-    params = dict(scaling)
-    rope_type, legacy = params.pop("rope_type", None), params.pop("type", None)
-    # "mrope" (Qwen2-VL's name): default frequencies, split by mrope_section
-    rope_type, legacy = (None if t is None else "default" if t == "mrope" else t
-                         for t in (rope_type, legacy))  # fmt: skip
-    if rope_type is not None and legacy is not None and rope_type != legacy:
-        raise ValueError(
-            f"scaling has rope_type={rope_type!r} and type={legacy!r}; keep one"
-        )
-    rope_type = rope_type if rope_type is not None else legacy or "default"
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(
-            f"scaling['rope_type'] must be one of {', '.join(map(repr, ROPE_TYPES))}, "
-            f"got {rope_type!r}"
-        )
-    known = _COMMON_KEYS + _TYPE_KEYS[rope_type]
-    unknown = sorted(set(params) - set(known))
-    if unknown:
-        raise ValueError(
-            f"scaling has key(s) {unknown} that rope_type {rope_type!r} does not read "
-            f"(it reads {sorted(set(known) - {'type'})}); remove them or fix their "
-            "spelling"
-        )
-    theta = params.pop("rope_theta", None)
-    if base is not None and theta is not None and theta != base:
-        raise ValueError(
-            f"base={base} and scaling['rope_theta']={theta} disagree; pass only one"
-        )
-    given = base if base is not None else theta
-    params["rope_theta"] = _check_base(10000.0 if given is None else given)
-    params["rope_type"] = rope_type
-    for key in ("max_position_embeddings", "original_max_position_embeddings"):
-        if key in params:
-            _param_int(params, key, rope_type)
-    if "partial_rotary_factor" in params:
-        factor = _param_number(params, "partial_rotary_factor", low=0.0)
-        if factor > 1:
-            raise ValueError(
-                f"scaling['partial_rotary_factor'] must be in (0, 1], got {factor}"
-            )
-    if "mrope_section" in params:
-        params["mrope_section"] = _param_list(params, "mrope_section", ints=True)
-    if rope_type in ("yarn", "llama3", "longrope"):
-        # as transformers' standardize_rope_params: the original length defaults to
-        # the config's max_position_embeddings
-        key = "original_max_position_embeddings"
-        if key not in params and "max_position_embeddings" in params:
-            params[key] = params["max_position_embeddings"]
-        _param_int(params, key, rope_type)
-    if rope_type in ("yarn", "longrope") and params.get("factor") is None:
-        # DeepSeek-V3 and Phi-3 give no factor: transformers takes the ratio of the
-        # context lengths
-        if "max_position_embeddings" not in params:
-            raise ValueError(
-                f"rope_type {rope_type!r} without scaling['factor'] needs "
-                "scaling['max_position_embeddings'] (the model config's) to take "
-                "the factor as max_position_embeddings / "
-                "original_max_position_embeddings; or pass factor"
-            )
-        params["factor"] = (
-            params["max_position_embeddings"]
-            / params["original_max_position_embeddings"]
-        )
-    if rope_type != "default":
-        if "factor" not in params and rope_type != "longrope":
-            raise ValueError(
-                f"rope_type {rope_type!r} needs scaling['factor'], e.g. factor=8.0"
-            )
-        if "factor" in params:
-            low = 0.0 if rope_type == "linear" else 1.0
-            params["factor"] = _param_number(
-                params, "factor", low=low, strict=rope_type == "linear"
-            )
-    if rope_type == "dynamic":
-        _param_int(params, "max_position_embeddings", rope_type)
-    if rope_type == "yarn":
-        for key in ("attention_factor", "mscale", "mscale_all_dim"):
-            if params.get(key) is not None:
-                params[key] = _param_number(params, key, low=0.0, strict=False)
-        for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
-            # transformers: `rope_parameters.get(key) or default`
-            value = params.get(key) or default
-            params[key] = _param_number({key: value}, key, low=0.0)
-        if not isinstance(params.setdefault("truncate", True), bool):
-            raise TypeError(
-                f"scaling['truncate'] must be True or False, got {params['truncate']!r}"
-            )
-    if rope_type == "llama3":
-        for key in ("low_freq_factor", "high_freq_factor"):
-            if key not in params:
-                raise ValueError(f"rope_type 'llama3' needs scaling[{key!r}]")
-            params[key] = _param_number(params, key, low=0.0)
-        if params["high_freq_factor"] <= params["low_freq_factor"]:
-            raise ValueError(
-                "scaling['high_freq_factor'] must be > scaling['low_freq_factor'], "
-                f"got {params['high_freq_factor']} and {params['low_freq_factor']}"
-            )
-    if rope_type == "longrope":
-        for key in ("short_factor", "long_factor"):
-            if key not in params:
-                raise ValueError(
-                    f"rope_type 'longrope' needs scaling[{key!r}] (one factor per "
-                    "pair of channels)"
-                )
-            params[key] = _param_list(params, key, ints=False)
-        if params.get("attention_factor") is not None:
-            params["attention_factor"] = _param_number(
-                params, "attention_factor", low=0.0, strict=False
-            )
-    return params
-
-
-def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
-    """The number of rotated channels: ``rotary_dim``, or ``int(head_dim *
-    partial_rotary_factor)`` as transformers computes it, or ``head_dim``."""
-    factor = params.get("partial_rotary_factor")
-    if factor is None:
-        return _check_rotary_dim(rotary_dim, head_dim)
-    from_factor = int(head_dim * factor)
-    if (
-        rotary_dim is not None
-        and _check_rotary_dim(rotary_dim, head_dim) != from_factor
-    ):
-        raise ValueError(
-            f"rotary_dim={rotary_dim} disagrees with scaling['partial_rotary_factor']="
-            f"{factor} (int({head_dim} * {factor}) = {from_factor}); pass only one"
-        )
-    if from_factor < 2 or from_factor % 2:
-        raise ValueError(
-            f"int(head_dim * partial_rotary_factor) = int({head_dim} * {factor}) = "
-            f"{from_factor} must be a positive even number of channels"
-        )
-    return from_factor
-
-
-def _frequencies(dim: int, params: dict[str, Any], seq_len: int | None) -> Tensor:
-    """float64 ω_i of the rotation for ``params`` (from ``_rope_parameters``),
-    ``[dim / 2]``: chapter 06 derives each type from ω_i = base^(-2i/dim)."""
-    rope_type, base = params["rope_type"], params["rope_theta"]
-    if rope_type == "dynamic":
-        if dim < 4:
-            raise ValueError(
-                f"dynamic NTK needs at least 4 rotated channels, got {dim}"
-            )
-        # the base grows with the sequence: (s n / L - (s - 1))^(d / (d - 2))
-        length, s = params["max_position_embeddings"], params["factor"]
-        n = length if seq_len is None else max(seq_len, length)
-        base = base * ((s * n / length) - (s - 1)) ** (dim / (dim - 2))
-    omega = _omega(dim, base, "paper")  # base^(-2i/d)
-    if rope_type == "linear":  # position interpolation: every pair slowed by s
-        return omega / params["factor"]
-    if rope_type == "yarn":
-        return _yarn(omega, dim, base, params)
-    if rope_type == "llama3":
-        return _llama3(omega, params)
-    if rope_type == "longrope":  # per-pair factors, long ones past the original length
-        original = params["original_max_position_embeddings"]
-        long = seq_len is not None and seq_len > original
-        factors = params["long_factor" if long else "short_factor"]
-        if len(factors) != dim // 2:
-            key = "long_factor" if long else "short_factor"
-            raise ValueError(
-                f"scaling[{key!r}] must hold one factor per pair of rotated channels "
-                f"({dim // 2} for {dim} channels), got {len(factors)}"
-            )
-        return omega / torch.tensor(factors, dtype=torch.float64)
-    return omega
-
-
-def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tensor:
-    """YaRN: pairs that turn more than beta_fast times over the original context
-    keep ω_i, those that turn fewer than beta_slow times take ω_i / s, a linear
-    ramp in between (transformers' ``_compute_yarn_parameters``, in float64)."""
-    s, original = params["factor"], params["original_max_position_embeddings"]
-
-    def pair_of(turns: float) -> float:  # the pair i that turns `turns` times
-        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = pair_of(params["beta_fast"]), pair_of(params["beta_slow"])
-    if params["truncate"]:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001  # as transformers: no division by zero
-    i = torch.arange(dim // 2, dtype=torch.float64)
-    ramp = ((i - low) / (high - low)).clamp(0, 1)  # 0: keep ω_i, 1: ω_i / s
-    return omega / s * ramp + omega * (1 - ramp)
-
-
-def _llama3(omega: Tensor, params: dict[str, Any]) -> Tensor:
-    """Llama 3.1: wavelengths above L / low_freq_factor slowed by s, below
-    L / high_freq_factor kept, blended in between (L = the original context)."""
-    s, original = params["factor"], params["original_max_position_embeddings"]
-    low, high = params["low_freq_factor"], params["high_freq_factor"]
-    wavelength = 2 * math.pi / omega
-    smooth = (original / wavelength - low) / (high - low)
-    blended = (1 - smooth) * omega / s + smooth * omega
-    slowed = torch.where(wavelength > original / low, omega / s, omega)
-    medium = (wavelength >= original / high) & (wavelength <= original / low)
-    return torch.where(medium, blended, slowed)
-
-
-def _attention_factor(params: dict[str, Any]) -> float:
-    """The factor transformers multiplies cos and sin by (YaRN, LongRoPE), as a
-    Python float computed by the same expression: 1.0 for the other types."""
-    rope_type = params["rope_type"]
-    if rope_type not in ("yarn", "longrope"):
-        return 1.0
-    if params.get("attention_factor") is not None:
-        return float(params["attention_factor"])
-    s = params["factor"]
-    if rope_type == "longrope":
-        original = params["original_max_position_embeddings"]
-        return 1.0 if s <= 1 else math.sqrt(1 + math.log(s) / math.log(original))
-
-    def mscale(scale: float, m: float = 1) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    m, m_all = params.get("mscale"), params.get("mscale_all_dim")
-    if m and m_all:
-        return float(mscale(s, m) / mscale(s, m_all))
-    return mscale(s)
-
-
-def rotary_frequencies(
-    head_dim: int,
-    *,
-    base: float | None = None,
-    scaling: Mapping[str, Any] | None = None,
-    seq_len: int | None = None,
-) -> tuple[Tensor, float]:
-    """The frequencies ω_i of rotary embeddings, in float64, and the attention factor.
-
-    Pair i at position p turns by the angle θ_{p,i} = p·ω_i. Without ``scaling``,
-    ω_i = base^(-2i/d) with d the rotated channels. ``scaling`` is a Hugging Face
-    ``rope_parameters`` (or ``rope_scaling``) dict as copied from a model config;
-    its ``rope_type`` selects how the ω_i change:
-
-    - ``"default"``: unchanged (``"mrope"``, Qwen2-VL's name, is the same);
-    - ``"linear"``: ω_i / factor (position interpolation);
-    - ``"dynamic"``: NTK-aware, the base raised to base·(s·n/L − (s − 1))^(d/(d−2))
-      for a sequence of n > L tokens (L = ``max_position_embeddings``, s = factor);
-    - ``"yarn"``: fast pairs kept, slow pairs divided by the factor, a ramp between
-      (``beta_fast``, ``beta_slow``); attention factor 0.1·ln(s) + 1 unless given;
-    - ``"llama3"``: Llama 3.1's wavelength bands (``low_freq_factor``,
-      ``high_freq_factor``, ``original_max_position_embeddings``);
-    - ``"longrope"``: ω_i / short_factor[i], or / long_factor[i] once the sequence
-      exceeds ``original_max_position_embeddings`` (Phi-3); attention factor
-      √(1 + ln s / ln L_orig) unless given.
-
-    Each agrees with transformers 5.23's ``ROPE_INIT_FUNCTIONS`` on the same dict to
-    the rounding of transformers' own float32 arithmetic: a relative difference of
-    at most (ln(base) + 6)·2^-24, plus 2(s + 1)·2^-24 for yarn and
-    (s − 1)(1 + 4h/(h − l))·2^-24 for llama3, whose float32 blend weights matter
-    where the result is ω_i / s (derived in chapter 06, tested); the attention
-    factor is the same Python float. ``max_position_embeddings``, which transformers
-    reads from the model config rather than from this dict, may be added to it
-    (``dynamic`` needs it; the others fall back on it as transformers does).
-
-    Args:
-        head_dim: channels per attention head; with ``partial_rotary_factor`` in
-            ``scaling``, ``int(head_dim * partial_rotary_factor)`` are rotated.
-        base: the base of the progression, a number > 1; default 10000.0, or
-            ``scaling['rope_theta']``.
-        scaling: a ``rope_parameters`` dict, or None for the default rotation.
-        seq_len: the sequence length (largest position + 1) that ``dynamic`` and
-            ``longrope`` adapt to; None: transformers' value at initialisation.
-
-    Returns:
-        ``(frequencies, attention_factor)``: a float64 tensor ``[d / 2]`` (CPU), d
-        the rotated channels, and a float.
-    """
-    params = _rope_parameters(scaling, base)
-    fix = "pass e.g. head_dim=128"
-    head_dim = _check_int("head_dim", head_dim, fix)
-    if head_dim < 2:
-        raise ValueError(f"head_dim must be a positive int >= 2, got {head_dim}; {fix}")
-    if seq_len is not None:
-        seq_len = _check_int("seq_len", seq_len, "pass e.g. seq_len=8192")
-    dim = _rotated_width(head_dim, params, None)
-    if dim % 2:
-        raise ValueError(
-            f"head_dim must be even to rotate all its channels in pairs, got {dim}; "
-            "pass an even head_dim or a partial_rotary_factor in scaling"
-        )
-    return _frequencies(dim, params, seq_len), _attention_factor(params)
-
-
-def _frozen(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """``params`` as a sorted tuple of items (lists as tuples): hashable, and a
-    constant for torch.compile."""
-    return tuple(
-        sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items())
-    )
-
-
-def _frequencies_of(
-    widths: Sequence[int],
-    description: str,
-    seq_len: int | None,
-    sections: Sequence[int] = (),
-) -> Tensor:
-    """The float64 ω_i of every axis, concatenated (one axis: one width), from
-    ``_Rope.description``: ``[sum(widths) / 2]``, or with ``sections`` the
-    ``[axes, sum(widths) / 2]`` of ``_per_axis``."""
-    params = {
-        k: list(v) if isinstance(v, tuple) else v
-        for k, v in ast.literal_eval(description)
-    }
-    omega = torch.cat([_frequencies(int(w), params, seq_len) for w in widths])
-    return _per_axis(omega, sections) if sections else omega
-
-
-def _per_axis(omega: Tensor, sections: Sequence[int]) -> Tensor:
-    """``[axes, r / 2]``: row a holds ω_i on the pairs of section a, 0 elsewhere."""
-    rows, start = torch.zeros(len(sections), omega.shape[0], dtype=omega.dtype), 0
-    for axis, pairs in enumerate(sections):
-        rows[axis, start : start + pairs] = omega[start : start + pairs]
-        start += pairs
-    return rows
-
-
-def _check_axes_dim(axes_dim: object, rotary_dim: int) -> tuple[int, ...]:
-    fix = f"e.g. axes_dim=[{rotary_dim // 2}, {rotary_dim // 2}] for an image grid"
-    if not (
-        isinstance(axes_dim, (list, tuple))
-        and axes_dim
-        and all(isinstance(d, int) and not isinstance(d, bool) for d in axes_dim)
-        and all(d >= 2 and d % 2 == 0 for d in axes_dim)
-        and sum(axes_dim) == rotary_dim
-    ):
-        raise ValueError(
-            f"axes_dim must be a list of positive even ints (channels per axis) "
-            f"summing to the {rotary_dim} rotated channels, got {axes_dim!r}; {fix}"
-        )
-    return tuple(axes_dim)
-
-
 class _Rope:
     """The checked settings of a rotary embedding: width, layout, the split of the
     pairs over the position axes, the frequencies and the attention factor."""
@@ -1466,7 +968,7 @@ class _Rope:
         axes_dim: object,
     ) -> None:
         self.params = _rope_parameters(scaling, base)
-        self.layout = _check_choice("layout", layout, ROTARY_LAYOUTS)
+        self.layout = check_choice("layout", layout, ROTARY_LAYOUTS)
         self.rotary_dim = _rotated_width(head_dim, self.params, rotary_dim)
         sections = self.params.get("mrope_section")
         rope_type = self.params["rope_type"]

@@ -14,7 +14,6 @@ __all__ = [
 ]
 
 import math
-import numbers
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -22,8 +21,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc.encoding import _check_choice, _round_once
-from posenc.rotary import _check_dtype
+from posenc._checks import (
+    check_bool,
+    check_choice,
+    check_count,
+    check_dtype,
+    check_real,
+    values_checkable,
+)
+from posenc.encoding import _round_once
 
 #: ``sincos_grid`` conventions: how the channels of a grid are shared among its axes.
 GRID_CONVENTIONS = ("mae", "big_vision", "mocov3", "timm", "diffusers_3d")
@@ -42,55 +48,6 @@ def _sincos(p: Tensor, half: int, shift: float, base: float, cos_first: bool) ->
     theta = p.unsqueeze(-1) * omega
     sin, cos = torch.sin(theta), torch.cos(theta)
     return torch.cat((cos, sin) if cos_first else (sin, cos), dim=-1)
-
-
-def _check_count(name: str, value: object, minimum: int, example: str) -> int:
-    """``value`` as an int >= ``minimum``, or raise naming ``name``."""
-    fix = f"pass e.g. {name}={example}"
-    if not isinstance(value, bool):
-        try:
-            value = operator.index(value)
-        except TypeError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name} must be an int >= {minimum}, got {value!r} of type "
-            f"{type(value).__name__}; {fix}"
-        )
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}; {fix}")
-    return value
-
-
-def _check_real(
-    name: str, value: object, *, above: float | None, why: str, example: str
-) -> float:
-    """``value`` as a finite float (``> above`` unless ``above`` is None)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{name} must be a real number ({why}), got {value!r} of type "
-            f"{type(value).__name__}; pass e.g. {name}={example}"
-        )
-    value = float(value)
-    if not math.isfinite(value) or (above is not None and value <= above):
-        bound = "" if above is None else f" > {above:g}"
-        raise ValueError(
-            f"{name} must be a finite number{bound} ({why}), got {value}; "
-            f"pass e.g. {name}={example}"
-        )
-    return value
-
-
-def _check_bool(name: str, value: object, why: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool ({why}), got {value!r}")
-    return value
-
-
-def _values_checkable(x: Tensor) -> bool:
-    """Values can be read: not while tracing (compile, export, jit), not on meta."""
-    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
-    return not tracing and x.device.type != "meta"
 
 
 def _check_timesteps(timesteps: object) -> Tensor:
@@ -112,7 +69,7 @@ def _check_timesteps(timesteps: object) -> Tensor:
             f"diffusers' get_timestep_embedding), got shape {tuple(timesteps.shape)}; "
             "pass timesteps.reshape(-1) (or timesteps[None] for one 0-d time step)"
         )
-    if timesteps.numel() and _values_checkable(timesteps):
+    if timesteps.numel() and values_checkable(timesteps):
         # one reduction (a NaN fails low >= 0); one value for an expanded batch
         probe = timesteps[:1] if timesteps.stride(0) == 0 else timesteps
         low, high = torch.aminmax(probe)
@@ -133,8 +90,8 @@ def _check_freq_args(
 ) -> tuple[int, float, float, float]:
     """``(dim, downscale_freq_shift, scale, max_period)``, validated; ``name``: the
     width's argument name (``num_channels`` in the module)."""
-    dim = _check_count(name, dim, 2, "256")
-    shift = _check_real(
+    dim = check_count(name, dim, 2, "256")
+    shift = check_real(
         "downscale_freq_shift", shift, above=None,
         why="0 in ADM, DiT and Stable Diffusion; 1 in DDPM", example="0",
     )  # fmt: skip
@@ -145,11 +102,11 @@ def _check_freq_args(
             f"{name}={dim} with downscale_freq_shift={shift:g}; pass a larger {name} "
             f"(e.g. {name}=256) or downscale_freq_shift=0"
         )
-    scale = _check_real(
+    scale = check_real(
         "scale", scale, above=0.0,
         why="the angles are multiplied by it", example="1.0",
     )  # fmt: skip
-    max_period = _check_real(
+    max_period = check_real(
         "max_period", max_period, above=1.0,
         why="the slowest frequency is about 1/max_period", example="10000",
     )  # fmt: skip
@@ -208,8 +165,8 @@ def timestep_embedding(
     dim, shift, scale, max_period = _check_freq_args(
         dim, downscale_freq_shift, scale, max_period
     )
-    flip = _check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
-    dtype = torch.float32 if dtype is None else _check_dtype(dtype)
+    flip = check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
+    dtype = torch.float32 if dtype is None else check_dtype(dtype)
     n = t.shape[0]
     # a time step expanded over the batch (t.expand(N), as diffusers' pipelines
     # pass it) holds one value: compute one row, then copy it
@@ -263,9 +220,9 @@ def _check_grid_scale(scale: object, n_axes: int) -> tuple[float, ...]:
                 f"{len(scale)} values {tuple(scale)!r}"
             )
         return tuple(
-            _check_real("scale", s, above=0.0, why=why, example="1.0") for s in scale
+            check_real("scale", s, above=0.0, why=why, example="1.0") for s in scale
         )
-    return (_check_real("scale", scale, above=0.0, why=why, example="1.0"),) * n_axes
+    return (check_real("scale", scale, above=0.0, why=why, example="1.0"),) * n_axes
 
 
 def _grid_plan(
@@ -379,13 +336,13 @@ def sincos_grid(
             another argument out of range.
     """
     sizes = _check_shape(shape)
-    dim = _check_count("dim", dim, 1, "768")
-    _check_choice("convention", convention, GRID_CONVENTIONS)
-    base = _check_real(
+    dim = check_count("dim", dim, 1, "768")
+    check_choice("convention", convention, GRID_CONVENTIONS)
+    base = check_real(
         "base", base, above=1.0, why="the base of the frequencies", example="10000.0"
     )
     scales = _check_grid_scale(scale, len(sizes))
-    dtype = torch.float32 if dtype is None else _check_dtype(dtype)
+    dtype = torch.float32 if dtype is None else check_dtype(dtype)
     tables_spec, pieces = _grid_plan(convention, len(sizes), dim)
     tables = {}
     for axis, (half, shift) in tables_spec.items():
@@ -472,33 +429,33 @@ def detr_sine_encoding(
             given without ``normalize=True``, or an argument is out of range.
     """
     mask = _check_mask(mask)
-    num_pos_feats = _check_count("num_pos_feats", num_pos_feats, 2, "128")
+    num_pos_feats = check_count("num_pos_feats", num_pos_feats, 2, "128")
     if num_pos_feats % 2:
         raise ValueError(
             "num_pos_feats must be even (channels come in sine-cosine pairs), got "
             f"{num_pos_feats}; pass e.g. num_pos_feats={num_pos_feats + 1}"
         )
-    temperature = _check_real(
+    temperature = check_real(
         "temperature", temperature, above=1.0,
         why="the base of the frequencies", example="10000",
     )  # fmt: skip
-    normalize = _check_bool("normalize", normalize, "rescale positions per image")
+    normalize = check_bool("normalize", normalize, "rescale positions per image")
     if scale is not None and not normalize:
         raise ValueError(
             f"scale={scale!r} is used only with normalize=True (as in DETR); pass "
             "normalize=True, or leave scale=None"
         )
     scale = 2 * math.pi if scale is None else scale
-    scale = _check_real(
+    scale = check_real(
         "scale", scale, above=0.0, why="the range of normalized positions",
         example="2 * math.pi",
     )  # fmt: skip
-    eps = _check_real(
+    eps = check_real(
         "eps", eps, above=None, why="added to the normalizer", example="1e-6"
     )
     if eps < 0:
         raise ValueError(f"eps must be >= 0 (added to the normalizer), got {eps}")
-    dtype = torch.float32 if dtype is None else _check_dtype(dtype)
+    dtype = torch.float32 if dtype is None else check_dtype(dtype)
     # 1-based positions of the unpadded pixels: [batch, height, width], float64
     not_mask = ~mask
     y = not_mask.cumsum(1, dtype=torch.float64)
@@ -556,7 +513,7 @@ class Timesteps(nn.Module):
         self.num_channels, self.downscale_freq_shift, self.scale, self.max_period = (
             checked
         )
-        self.flip_sin_to_cos = _check_bool(
+        self.flip_sin_to_cos = check_bool(
             "flip_sin_to_cos", flip_sin_to_cos, "True: cosines first"
         )
 

@@ -6,6 +6,7 @@ themselves are dropped. ``__all__`` lists the public top-level names the exporte
 
     python tools/nbexport.py            # write posenc/*.py
     python tools/nbexport.py --check    # exit 1, with a diff, if posenc/ differs from the notebooks
+    python tools/nbexport.py --format book/NN_name.ipynb   # ruff-format that notebook's exported cells
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import ast
 import difflib
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -147,6 +149,39 @@ def drift(root: Path = ROOT) -> list[str]:
     return lines
 
 
+def format_cells(path: Path) -> int:
+    """Format the ``#| export`` cells of one notebook with ``ruff format`` (in place); the number changed.
+
+    Each cell is formatted as a module of its own, so the generated file is what ``ruff format`` would make of it
+    (``make lint`` checks posenc/).
+    """
+    ruff = Path(sys.executable).parent / "ruff"
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    changed = 0
+    for cell in nb["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code" or "export" not in _directives(source):
+            continue
+        done = subprocess.run(
+            [str(ruff), "format", "--stdin-filename", "cell.py", "-"],
+            input=source,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        if done.returncode:
+            raise SystemExit(f"{path}: ruff format failed on a cell:\n{done.stderr}")
+        new = done.stdout.rstrip("\n")
+        if new != source.rstrip("\n"):
+            lines = new.split("\n")
+            cell["source"] = [line + "\n" for line in lines[:-1]] + [lines[-1]]
+            changed += 1
+    if changed:
+        text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+        path.write_text(text, encoding="utf-8")
+    return changed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -158,8 +193,17 @@ def main(argv: list[str] | None = None) -> int:
         default=ROOT,
         help="the project root (default: this checkout)",
     )
+    parser.add_argument(
+        "--format",
+        nargs="+",
+        type=Path,
+        metavar="NOTEBOOK",
+        help="ruff-format these notebooks' exported cells in place, then export",
+    )
     args = parser.parse_args(argv)
     root = args.root.resolve()
+    for path in args.format or []:
+        print(f"{path}: {format_cells(path)} exported cells reformatted")
     files = exported(root)
     stale = _stale(root, files)
     if args.check:
