@@ -19,7 +19,6 @@ __all__ = [
     "values_checkable",
 ]
 
-import math
 import numbers
 import operator
 
@@ -98,19 +97,21 @@ def check_real(
 ) -> float:
     """``value`` as a finite float in (``above``, ``at_most``].
 
-    A symbolic float (torch.compile with dynamic shapes) is returned unchecked.
+    While torch.compile traces, a number derived from a size is symbolic: it is
+    compared (the graph guards on the comparison), never converted.
     """
-    if _symbolic(value):
-        return value  # type: ignore[return-value]
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool) or not isinstance(
+        value, (numbers.Real, torch.SymInt, torch.SymFloat)
+    ):
         raise TypeError(
             f"{name} must be a real number ({why}), {_got(value)}; "
             f"pass e.g. {name}={example}"
         )
-    value = float(value)
+    value = value * 1.0 if torch.compiler.is_compiling() else float(value)
+    finite = value - value == 0  # math.isfinite, also for a symbolic float
     low = above is None or value > above
     high = at_most is None or value <= at_most
-    if not (math.isfinite(value) and low and high):
+    if not (finite and low and high):
         bounds = []
         if above is not None:
             bounds.append(f"> {above:g}")
