@@ -1,10 +1,16 @@
 """Train one tiny decoder on one task, then measure it at every input length.
 
-Training: AdamW, linear warm-up then cosine decay to a tenth of the peak rate, gradient norm clipped to 1,
-input lengths uniform on 1..L, fresh random examples at every step (no fixed training set, so nothing to
-memorise), loss on the answer tokens and EOS only. Every ``validate_every`` steps the exact match on a fixed
-validation set (lengths 1..L) is recorded: the learning curve, which says whether a run was still learning when
-its budget ended.
+Training: AdamW, a linear warm-up then the inverse-square-root decay of Vaswani et al. (a schedule that does not
+depend on when training stops), gradient norm clipped to 1, input lengths uniform on 1..L, fresh random examples
+at every step (no fixed training set, so nothing to memorise), loss on the answer tokens and EOS only.
+
+Convergence, by a rule recorded in the results file: every ``validate_every`` steps the exact match on a fixed
+validation set (lengths 1..L) is recorded (the learning curve). From ``min_steps`` on, a run stops at the first
+validation step s where the best exact match over its last ``plateau_window`` of steps, (1 - window) s < step
+<= s, exceeds the best before them by less than ``plateau_gain``: the run is *converged* (``converged``: true).
+A run that reaches ``max_steps`` without meeting the rule stops there, not converged (unless the rule holds at
+that very step). Converged means "stopped improving on the training lengths", not "solved": a run can converge
+far below 100 %.
 
 Evaluation, for each input length n = 1..``eval_max_len``, on ``eval_samples`` fresh examples (the same examples
 for every scheme of a seed), by one teacher-forced forward pass: the model reads
@@ -30,9 +36,10 @@ so the same seed gives the same numbers on the same machine, whatever the number
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +61,21 @@ ERRORS = ("early_eos", "no_eos", "wrong_symbol")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything about a run except the scheme, task and seed."""
+    """Everything about a run except the scheme, task and seed (and, per pair, ``lr``)."""
 
-    train_max_len: int = 20  # L: input lengths 1..L at training
-    eval_max_len: int = 60  # evaluated at n = 1..3L
-    steps: int = 1200
+    train_max_len: int = 16  # L: input lengths 1..L at training
+    eval_max_len: int = 48  # evaluated at n = 1..3L
+    max_steps: int = 3000  # the cap: a run stops here if the rule has not stopped it
+    min_steps: int = 1000  # the rule is not applied before this step
+    plateau_window: float = 0.2  # the rule looks at the last 20 % of the steps ...
+    plateau_gain: float = 0.01  # ... and stops when they gained less than 1 point
     batch_size: int = 32
-    lr: float = 6e-3
+    lr: float = 3e-3  # the peak rate (each pair's is chosen on validation)
     warmup: int = 100
     weight_decay: float = 0.01
     eval_samples: int = 128  # fresh examples per evaluated length
     validate_every: int = 100  # steps between points of the learning curve
-    validation_per_length: int = 16  # validation examples per length 1..L
+    validation_per_length: int = 32  # validation examples per length 1..L
     # each training batch is cut into this many groups of similar length
     buckets: int = 2
     d_model: int = 64
@@ -73,6 +83,30 @@ class TrainConfig:
     n_layers: int = 2
     d_ff: int = 128
     random_range: int = 256  # sinusoidal_random: positions from [0, random_range)
+
+    def __post_init__(self) -> None:
+        for name in ("train_max_len", "eval_max_len", "max_steps", "validate_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(
+                    f"{name} must be a positive int, got {getattr(self, name)!r}"
+                )
+        if not 0 <= self.min_steps <= self.max_steps:
+            raise ValueError(
+                f"min_steps must be in 0..max_steps={self.max_steps}, got "
+                f"{self.min_steps}; lower min_steps or raise max_steps"
+            )
+        if self.max_steps % self.validate_every or self.min_steps % self.validate_every:
+            raise ValueError(
+                f"max_steps={self.max_steps} and min_steps={self.min_steps} must be "
+                f"multiples of validate_every={self.validate_every}, so that the rule "
+                "is checked at the cap"
+            )
+        if not 0 < self.plateau_window < 1:
+            raise ValueError(
+                f"plateau_window must be in (0, 1), got {self.plateau_window}"
+            )
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
 
     def model_config(self, scheme: str) -> ModelConfig:
         """The architecture for ``scheme``; the learned table covers the longest training sequence."""
@@ -87,17 +121,38 @@ class TrainConfig:
         )
 
     def greedy_check_lengths(self) -> list[int]:
-        """The lengths at which each run decodes greedily to re-check the teacher-forced scores."""
+        """The lengths at which each run decodes greedily to re-check the teacher-forced scores:
+        L/2 and L inside, L + 1, 2L and 3L beyond (where the scheme is defined)."""
         L, top = self.train_max_len, self.eval_max_len
-        return sorted({n for n in (L, L + 1, 2 * L) if 1 <= n <= top})
+        wanted = (max(1, L // 2), L, L + 1, 2 * L, 3 * L)
+        return sorted({n for n in wanted if 1 <= n <= top})
 
 
 def learning_rate(step: int, config: TrainConfig) -> float:
-    """Linear warm-up to ``lr``, then cosine decay to ``lr / 10`` at the last step."""
+    """Linear warm-up to ``lr`` over ``warmup`` steps, then ``lr * sqrt(warmup / (step + 1))``.
+
+    The schedule of Vaswani et al. (warm-up, then the inverse square root of the step), scaled so that
+    its peak is ``lr``; it does not depend on the total number of steps, so stopping early changes
+    nothing about the steps before.
+    """
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
-    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
-    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return config.lr * math.sqrt(config.warmup / (step + 1))
+
+
+def plateaued(curve: dict[str, list[Any]], config: TrainConfig) -> bool:
+    """The convergence rule on a learning curve that ends at step s: s >= ``min_steps`` and the best
+    exact match at the steps in ((1 - window) s, s] exceeds the best at the steps before by less than
+    ``plateau_gain``."""
+    steps, exact = curve["steps"], curve["exact"]
+    if not steps or steps[-1] < config.min_steps:
+        return False
+    start = (1 - config.plateau_window) * steps[-1]
+    recent = [e for s, e in zip(steps, exact) if s > start]
+    before = [e for s, e in zip(steps, exact) if s <= start]
+    if not before:
+        return False
+    return max(recent) - max(before) < config.plateau_gain
 
 
 def sequence_positions(
@@ -125,8 +180,9 @@ def train(
     generator: torch.Generator,
     device: torch.device,
     validation: tuple[Tensor, Tensor, Tensor | None] | None = None,
-) -> tuple[list[float], dict[str, list[Any]]]:
-    """Train ``model`` in place on ``task``.
+    steps: int | None = None,
+) -> tuple[list[float], dict[str, list[Any]], bool]:
+    """Train ``model`` in place on ``task`` until the convergence rule stops it, or the cap.
 
     Each batch is sorted by length and cut into ``config.buckets`` groups, each
     trimmed to its own longest sequence (the right padding of the short ones is never
@@ -141,12 +197,15 @@ def train(
         device: where the model lives.
         validation: ``(tokens, lengths, positions)`` of a fixed validation set (see
             :func:`validation_set`); its exact match is recorded every
-            ``config.validate_every`` steps and after the last one.
+            ``config.validate_every`` steps, and the convergence rule
+            (:func:`plateaued`) is applied to it. None: no curve, no rule.
+        steps: train exactly this many steps, without the rule (tests); default:
+            the rule, up to ``config.max_steps``.
 
     Returns:
-        ``(losses, curve)``: the loss of every step, and
-        ``{"steps": [...], "exact": [...]}``, the learning curve (empty lists
-        without ``validation``).
+        ``(losses, curve, converged)``: the loss of every step,
+        ``{"steps": [...], "exact": [...]}`` (the learning curve; empty lists
+        without ``validation``), and whether the rule stopped the run.
     """
     model.train()
     optimizer = torch.optim.AdamW(
@@ -158,11 +217,8 @@ def train(
     )
     losses: list[float] = []
     curve: dict[str, list[Any]] = {"steps": [], "exact": []}
-    for step in range(config.steps):
-        if validation is not None and step % config.validate_every == 0 and step:
-            curve["steps"].append(step)
-            curve["exact"].append(validation_exact(model, validation, device))
-            model.train()
+    cap = config.max_steps if steps is None else steps
+    for step in range(cap):
         inputs, targets, mask, lengths = tasks.training_batch(
             task, config.train_max_len, config.batch_size, generator
         )
@@ -186,10 +242,16 @@ def train(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
-    if validation is not None:
-        curve["steps"].append(config.steps)
-        curve["exact"].append(validation_exact(model, validation, device))
-    return losses, curve
+        done = step + 1
+        if validation is not None and (
+            done % config.validate_every == 0 or done == cap
+        ):
+            curve["steps"].append(done)
+            curve["exact"].append(validation_exact(model, validation, device))
+            model.train()
+            if steps is None and plateaued(curve, config):
+                return losses, curve, True
+    return losses, curve, False
 
 
 @torch.no_grad()
@@ -338,9 +400,10 @@ def evaluate(
         mean answer index (1..n) of those first errors (None where there are none);
         ``probe`` is
         ``{"layer", "head", "source_weight", "first_offset"}`` (copy and reverse; None
-        for sort); ``greedy_check`` is ``{"lengths", "disagreements"}``, the number of
-        examples at those lengths whose greedy answer's exactness or first error differs
-        from the teacher-forced one (0 unless two logits tie to the last bit).
+        for sort); ``greedy_check`` is ``{"lengths", "disagreements"}``: the lengths of
+        :meth:`TrainConfig.greedy_check_lengths` at which the scheme is defined, and at
+        each the number of examples whose greedy answer's exactness or first error
+        differs from the teacher-forced one (0 unless two logits tie to the last bit).
     """
     lengths = lengths or list(range(1, config.eval_max_len + 1))
     samples = config.eval_samples
@@ -351,7 +414,7 @@ def evaluate(
     counts: dict[str, list[int | None]] = {k: [] for k in keys}
     error_at: dict[str, list[float | None]] = {"early_eos": [], "wrong_symbol": []}
     probe_weight, probe_offset = {}, {}
-    greedy = {"lengths": [], "disagreements": 0}
+    greedy: dict[str, list[int]] = {"lengths": [], "disagreements": []}
     probing = task in ("copy", "reverse")
     for n in lengths:
         if not model.defines(2 * n + 2):
@@ -377,8 +440,8 @@ def evaluate(
             probe_weight[n], probe_offset[n] = _head_statistics(maps, task, n)
         if n in config.greedy_check_lengths():
             greedy["lengths"].append(n)
-            greedy["disagreements"] += _greedy_disagreements(
-                model, data[n], positions, scores, device
+            greedy["disagreements"].append(
+                _greedy_disagreements(model, data[n], positions, scores, device)
             )
     probe = None
     inside = [n for n in probe_weight if n <= config.train_max_len]
@@ -479,6 +542,19 @@ def steps_to_target(curve: dict[str, list[Any]], target: float) -> int | None:
     return None
 
 
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of a model's ``state_dict``: every entry's name, dtype, shape and bytes, in key order.
+
+    Two models have the same digest exactly when their weights are equal bit for bit (up to
+    SHA-256 collisions)."""
+    digest = hashlib.sha256()
+    for key, value in sorted(model.state_dict().items()):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.numpy().tobytes())
+    return digest.hexdigest()
+
+
 def run(
     scheme: str,
     task: str,
@@ -486,6 +562,8 @@ def run(
     config: TrainConfig,
     device: str = "cpu",
     save_state: Path | None = None,
+    evaluation: bool = True,
+    steps: int | None = None,
 ) -> dict[str, Any]:
     """Build, train and evaluate one model; the record that goes into the results file.
 
@@ -493,14 +571,21 @@ def run(
         scheme: one of ``model.SCHEMES``.
         task: one of ``tasks.TASKS``.
         seed: seeds the initialisation, the training data and the evaluation data.
-        config: the training settings.
+        config: the training settings (``config.lr`` is the run's peak rate).
         device: ``"cpu"`` or ``"cuda"``.
         save_state: if given, the trained ``state_dict`` is saved there (``torch.save``).
+        evaluation: evaluate at every length (False: the learning curve only, as the
+            learning-rate selection needs).
+        steps: train exactly this many steps, without the convergence rule (tests).
 
     Returns:
-        ``{"scheme", "task", "seed", "train_seconds", "eval_seconds", "cpu_seconds",
-        "final_loss", "curve", **evaluate(...)}``; ``cpu_seconds`` is the processor time
-        of the run (with one thread, what it would take alone on a free core).
+        ``{"scheme", "task", "seed", "lr", "steps", "converged", "train_seconds",
+        "eval_seconds", "cpu_seconds", "final_loss", "curve", "weights_sha256",
+        "cpu_capability", **evaluate(...)}``: ``steps`` is the number of steps trained,
+        ``converged`` whether the rule stopped the run before the cap;
+        ``cpu_seconds`` is the processor time of the run (with one thread, what it
+        would take alone on a free core); ``cpu_capability`` the kernels torch used
+        (``torch.backends.cpu.get_cpu_capability()``).
     """
     dev = torch.device(device)
     cpu_start = time.process_time()
@@ -509,9 +594,11 @@ def run(
     generator = torch.Generator().manual_seed(seed)
     validation = validation_set(model, task, config, seed)
     start = time.perf_counter()
-    losses, curve = train(model, task, config, generator, dev, validation)
+    losses, curve, converged = train(
+        model, task, config, generator, dev, validation, steps
+    )
     train_seconds = time.perf_counter() - start
-    result = evaluate(model, task, config, seed, dev)
+    result = evaluate(model, task, config, seed, dev) if evaluation else {}
     if save_state is not None:
         torch.save({k: v.cpu() for k, v in model.state_dict().items()}, save_state)
     tail = losses[-50:]
@@ -519,15 +606,15 @@ def run(
         "scheme": scheme,
         "task": task,
         "seed": seed,
+        "lr": config.lr,
+        "steps": len(losses),
+        "converged": converged,
         "train_seconds": round(train_seconds, 1),
         "eval_seconds": round(time.perf_counter() - start - train_seconds, 1),
         "cpu_seconds": round(time.process_time() - cpu_start, 1),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "final_loss": round(sum(tail) / len(tail), 5),
         "curve": curve,
+        "weights_sha256": weights_digest(model),
         **result,
     }
-
-
-def settings(config: TrainConfig) -> dict[str, Any]:
-    """The settings as a plain dict, for the results file."""
-    return asdict(config)
