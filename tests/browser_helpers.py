@@ -8,6 +8,7 @@ Playwright: ``playwright install`` cannot download browsers everywhere this runs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import http.server
 import os
@@ -38,6 +39,17 @@ CHROMIUM_ARGS = [
 ]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
+#: The theme's column at each width (px, the article's content box; tests/test_layout.py measures it), the width
+#: a figure's image gets in it (the figure's 8 px side padding is dropped on a phone, book/_static/posenc.css),
+#: and how tall a figure's smallest text must read there (px as displayed): 10 px on a desktop, 8 px on a phone.
+COLUMN_PX = {"desktop": 688, "phone": 358}
+FIGURE_PX = {"desktop": 672, "phone": 358}
+MIN_TEXT_PX = {"desktop": 10.0, "phone": 8.0}
+#: A table cell of at most this many characters ("5 of 5", "0.51× (0.45–0.54)") must not wrap over lines
+#: (tests/test_layout.py; book/_ext/table_reflow.py estimates table widths with the same limit).
+SHORT_CELL = 20
+#: The figure style every notebook applies in its first code cell (tests/test_figure_style.py).
+FIGURE_STYLE = ROOT / "book" / "posenc.mplstyle"
 
 
 def book_html_dir() -> Path:
@@ -156,3 +168,72 @@ WAIT_FOR_MATHJAX = """async () => {
   }
   return false;
 }"""
+
+
+@dataclasses.dataclass(frozen=True)
+class FigureStyle:
+    """What book/posenc.mplstyle fixes about a stored figure: its widest size, resolution and smallest text."""
+
+    width_in: float  # figure.figsize's width
+    dpi: float  # figure.dpi (IPython's inline backend saves at the figure's dpi)
+    savefig_dpi: float
+    pad_in: float  # savefig.pad_inches: the margin the inline backend's tight bounding box adds on each side
+    font_pt: float  # font.size: what a relative size ("small") is relative to
+    min_font_pt: float  # the smallest text size the style sets (font.size and every *labelsize, *titlesize, ...)
+    min_font_key: str  # which setting it is
+
+    @property
+    def min_font_px(self) -> float:
+        """The smallest text's height in pixels of the stored PNG (points at ``dpi``)."""
+        return self.min_font_pt * self.dpi / 72
+
+    @property
+    def max_png_width(self) -> float:
+        """The widest PNG a figure of the style stores: its width plus the tight bounding box's two margins."""
+        return (self.width_in + 2 * self.pad_in) * self.dpi
+
+
+def font_size_pt(value: Any, base: float) -> float:
+    """A matplotlib font size in points: a number, or a name ("small", "x-large") relative to ``base``."""
+    from matplotlib.font_manager import font_scalings
+
+    if isinstance(value, str) and value in font_scalings:
+        return font_scalings[value] * base
+    return float(value)
+
+
+def font_size_keys(params: Any) -> list[str]:
+    """The rcParams that set a text size: font.size and every ``*labelsize``, ``*titlesize``, ``*fontsize``."""
+    return [
+        key
+        for key in params
+        if key == "font.size" or key.endswith(("labelsize", "titlesize", "fontsize"))
+    ]
+
+
+@functools.cache
+def figure_style(path: Path = FIGURE_STYLE) -> FigureStyle:
+    """Read ``path`` as matplotlib does (its settings over matplotlib's defaults): the smallest font is the
+    minimum over every text-size setting, a name such as "large" taken relative to font.size, and a setting left
+    at None (legend.title_fontsize) following font.size."""
+    import matplotlib
+
+    params = matplotlib.rc_params_from_file(str(path), use_default_template=True)
+    base = float(params["font.size"])
+    sizes = {
+        key: font_size_pt(params[key], base) if params[key] is not None else base
+        for key in font_size_keys(params)
+    }
+    key = min(sizes, key=sizes.__getitem__)
+    savefig_dpi = params["savefig.dpi"]
+    return FigureStyle(
+        width_in=float(params["figure.figsize"][0]),
+        dpi=float(params["figure.dpi"]),
+        savefig_dpi=float(
+            params["figure.dpi"] if savefig_dpi == "figure" else savefig_dpi
+        ),
+        pad_in=float(params["savefig.pad_inches"]),
+        font_pt=base,
+        min_font_pt=sizes[key],
+        min_font_key=key,
+    )

@@ -16,6 +16,7 @@ from urllib.parse import urljoin, urlsplit
 
 from tests.browser_helpers import (
     PHONE,
+    SHORT_CELL,
     WAIT_FOR_MATHJAX,
     is_local,
     unavailable,
@@ -38,8 +39,8 @@ class Visit:
 
 
 # One pass over the rendered page: images (loaded eagerly, then decoded), math, raw TeX outside code, links,
-# code text. Raw TeX: text outside pre/code/MathJax output holding \( \) \[ \] $$, a $...$ pair or a TeX command
-# such as \texttt (the bibliography's entries are not LaTeX-rendered: pybtex prints commands as they are).
+# code text, captions. Raw TeX: text outside pre/code/MathJax output holding \( \) \[ \] $$, a $...$ pair or a TeX
+# command such as \texttt (the bibliography's entries are not LaTeX-rendered: pybtex prints commands as they are).
 COLLECT = r"""async () => {
   const imgs = Array.from(document.images);
   for (const img of imgs) img.loading = 'eager';
@@ -76,7 +77,11 @@ COLLECT = r"""async () => {
   const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.href);
   const downloads = Array.from(document.querySelectorAll('a.btn-download-source-button')).map(a => a.href);
   const code = Array.from(document.querySelectorAll('pre')).map(p => p.textContent);
-  return {codeFont, images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, links, downloads, code,
+  // figure, table and code-block captions, as a reader sees them (MathJax output as its text)
+  const captions = Array.from(article.querySelectorAll('figcaption, caption, .code-block-caption'))
+    .map(c => c.innerText.replace(/\s+/g, ' ').trim());
+  return {codeFont, captions, images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, links,
+          downloads, code,
           text: article.innerText, firstParagraph,
           lastHeading: lastSection ? h2s[h2s.length - 1].innerText : '',
           lastSectionText: lastSection ? lastSection.innerText : ''};
@@ -84,10 +89,17 @@ COLLECT = r"""async () => {
 
 
 # Measures every element of interest: overflow (scrollWidth > clientWidth), whether its own box scrolls
-# (computed overflow-x auto/scroll), and for equations whether the number's box intersects the formula's.
-MEASURE = r"""() => {
+# (computed overflow-x auto/scroll), and for equations whether the number's box intersects the formula's. Also:
+# the column's width (the article's content box); every figure image's displayed and natural width and whether it
+# fits the column with nothing scrolling around it; printed outputs and tables wider than the column; and table
+# cells of at most SHORT_CELL characters whose text runs over more than one line ("5 of 5" squeezed into a narrow
+# column). Figures and tables are named by their number and the start of their text, for failure messages.
+MEASURE = r"""(shortCell) => {
   for (const d of document.querySelectorAll('details')) d.open = true;  // a reader may open every folded cell
   const article = document.querySelector('article') || document.body;
+  const style = getComputedStyle(article);
+  const box = article.getBoundingClientRect();
+  const left = box.left + parseFloat(style.paddingLeft), right = box.right - parseFloat(style.paddingRight);
   const scrolls = el => {
     for (let e = el; e && e !== article; e = e.parentElement) {
       const o = getComputedStyle(e).overflowX;
@@ -99,20 +111,64 @@ MEASURE = r"""() => {
                       && (!el.checkVisibility || el.checkVisibility({visibilityProperty: true}));
   const over = el => shown(el) && el.scrollWidth > el.clientWidth + 1;
   const describe = el => (el.innerText || el.textContent || '').trim().split('\n')[0].slice(0, 70);
-  const result = {code: [], codeScroll: [], outputs: [], outputsScroll: [], tables: [], equations: [],
-                  numbers: [], page: 0, figures: [], narrowFigures: [], tablesWide: [],
-                  equationsWide: [], figureScales: []};
+  // the number of lines an element's text runs over: the boxes of its text (outside math) and of each formula,
+  // grouped into lines; two boxes lie on different lines when neither's middle is within the other's height
+  const lines = el => {
+    const boxes = [];
+    const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT | NodeFilter.SHOW_ELEMENT);
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      if (n.nodeType === Node.ELEMENT_NODE) {
+        if (n.tagName.toLowerCase() === 'mjx-container') boxes.push(...n.getClientRects());
+        continue;
+      }
+      if (n.parentElement.closest('mjx-container') || !n.nodeValue.trim()) continue;
+      const range = document.createRange();
+      range.selectNodeContents(n);
+      boxes.push(...range.getClientRects());
+    }
+    const found = [];
+    for (const b of boxes.filter(r => r.width > 0.5 && r.height > 0.5)) {
+      const apart = a => { const ma = (a.top + a.bottom) / 2, mb = (b.top + b.bottom) / 2;
+                           return (ma < b.top || ma > b.bottom) && (mb < a.top || mb > a.bottom); };
+      if (found.every(apart)) found.push(b);
+    }
+    return found.length;
+  };
+  const result = {column: Math.round(right - left), code: [], codeScroll: [], outputs: [], outputsScroll: [],
+                  outputsWide: [], tables: [], equations: [], numbers: [], page: 0, figures: [],
+                  narrowFigures: [], tablesWide: [], equationsWide: [], figureScales: [], images: [],
+                  wrappedCells: []};
   for (const pre of article.querySelectorAll('.cell_input pre, div.highlight-python pre, div.highlight-bash pre')) {
     if (over(pre)) { result.code.push(describe(pre)); if (!scrolls(pre)) result.codeScroll.push(describe(pre)); }
   }
   for (const pre of article.querySelectorAll('.cell_output pre, .output pre')) {
     if (over(pre)) { result.outputs.push(describe(pre)); if (!scrolls(pre)) result.outputsScroll.push(describe(pre)); }
   }
+  // an output's own box (an HTML output, an animation's controls) wider than the column, or running past it
+  for (const output of article.querySelectorAll('.cell_output > .output, .cell_output > div')) {
+    if (!shown(output) || output.closest('figure') || output.querySelector('table')) continue;  // tables: below
+    if (over(output) || output.getBoundingClientRect().right > right + 1) result.outputsWide.push(describe(output));
+  }
+  const tableName = table => {
+    const caption = table.querySelector('caption');
+    return caption ? describe(caption) : describe(table).replace(/\t/g, ' | ');
+  };
   for (const table of article.querySelectorAll('table')) {
-    const box = table.parentElement;
-    const wide = table.getBoundingClientRect().width > article.clientWidth + 1;
-    if (wide) result.tablesWide.push(describe(table));
-    if (wide && !scrolls(table)) result.tables.push(describe(table));
+    if (!shown(table)) continue;
+    const edges = table.getBoundingClientRect();
+    const wide = edges.width > right - left + 1 || edges.right > right + 1;
+    if (wide) result.tablesWide.push(tableName(table));
+    if (wide && !scrolls(table)) result.tables.push(tableName(table));
+    for (const row of table.rows) {
+      // header cells are labels and may wrap between words; the values below them may not
+      if (row.parentElement.tagName === 'THEAD'
+          || (row === table.rows[0] && Array.from(row.cells).every(c => c.tagName === 'TH'))) continue;
+      for (const cell of row.cells) {
+        const text = (cell.innerText || '').replace(/\s+/g, ' ').trim();
+        if (!text || text.length > shortCell || !shown(cell)) continue;
+        if (lines(cell) > 1) result.wrappedCells.push(`${text} (in: ${tableName(table)})`);
+      }
+    }
   }
   for (const math of article.querySelectorAll('div.math')) {
     const formula = math.querySelector('mjx-container');
@@ -136,10 +192,24 @@ MEASURE = r"""() => {
   for (const img of article.querySelectorAll('img')) {
     if (img.closest('.cell_output') || img.closest('figure')) {
       const figure = img.closest('figure');
-      if (!figure || !figure.querySelector('figcaption')) result.figures.push(img.getAttribute('src'));
-      const width = img.getBoundingClientRect().width;
-      if (width < 300) result.narrowFigures.push(img.getAttribute('src'));
-      if (img.naturalWidth) result.figureScales.push([img.getAttribute('src'), width / img.naturalWidth]);
+      const caption = figure && figure.querySelector('figcaption');
+      if (!caption) result.figures.push(img.getAttribute('src'));
+      const rect = img.getBoundingClientRect();
+      if (rect.width < 300) result.narrowFigures.push(img.getAttribute('src'));
+      if (!img.naturalWidth || !shown(img)) continue;
+      result.figureScales.push([img.getAttribute('src'), rect.width / img.naturalWidth]);
+      // fits: inside the column, and no box between the image and the column scrolls or overflows
+      let fits = rect.left >= left - 1 && rect.right <= right + 1;
+      for (let e = img.parentElement; e && e !== article; e = e.parentElement) if (over(e)) fits = false;
+      // "Fig. 9 (fig-unit-circle)": the figure's number and its label (mystnb figure name), or the image's file
+      const number = caption && caption.querySelector('.caption-number');
+      const src = img.getAttribute('src') || '';
+      const file = src.startsWith('data:') ? 'an inline image' : src.split('/').pop();
+      const name = (number ? number.innerText.trim() + ' ' : '') + `(${figure && figure.id ? figure.id : file})`;
+      // room: the content width of the figure (or output) holding the image, the most it can be shown at
+      const holder = figure || img.closest('.cell_output'), hs = getComputedStyle(holder);
+      const room = holder.clientWidth - parseFloat(hs.paddingLeft) - parseFloat(hs.paddingRight);
+      result.images.push({name, shown: rect.width, natural: img.naturalWidth, fits, room, inFigure: !!figure});
     }
   }
   return result;
@@ -210,9 +280,9 @@ def visitor(context: Any, base_url: str, book_dir: Path) -> Callable[..., Visit]
                 result.dom["ready"] = page.eval_on_selector_all(
                     ready, "els => els.map(a => a.href)"
                 )
-            result.layout["desktop"] = page.evaluate(MEASURE)
+            result.layout["desktop"] = page.evaluate(MEASURE, SHORT_CELL)
             page.set_viewport_size(PHONE)
-            result.layout["phone"] = page.evaluate(MEASURE)
+            result.layout["phone"] = page.evaluate(MEASURE, SHORT_CELL)
             # every request made, the phone layout's too
             page.wait_for_load_state("networkidle")
         finally:

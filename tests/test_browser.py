@@ -3,7 +3,8 @@
 The built HTML (``POSENC_BOOK_HTML``, default ``_build/html``) is served on 127.0.0.1 and opened in Debian's
 Chromium through Playwright. Each page is visited once; what the visit saw is then checked page by page: it
 loads, every request succeeds and stays on localhost, the console has no error, the math is typeset, every image
-loads, every internal link (and its #fragment) resolves, display equations are labelled, no exporter directive
+loads, every internal link (and its #fragment) resolves, display equations are labelled, captions show no raw
+label or markup syntax (a caption's "(eq-rope-decay)" instead of the equation's number), no exporter directive
 shows in the code, and notebook pages (the chapters) offer their ``.ipynb``, open with their claim and end with
 a summary naming ``tests/``. Then the search page finds a word of the body text and the API page documents
 ``PositionalEncoding`` with each of its parameters.
@@ -170,6 +171,57 @@ def test_chapter_opens_with_claim_and_ends_with_summary(
     assert "tests/" in dom["lastSectionText"], (
         f"{docname}'s summary does not say where tests/ checks it"
     )
+
+
+#: What a caption must not show: a MyST role (``{eq}`...` ``), Markdown link or directive syntax, a label's
+#: definition, or a bare label name (``eq-rope-decay``, ``(fig-bits)``: the book's labels start eq-, fig-, sec-).
+CAPTION_MARKUP = {
+    "a MyST role": re.compile(r"\{[a-zA-Z][\w:-]*\}`"),
+    "a backtick": re.compile(r"`"),
+    "Markdown link syntax": re.compile(r"\]\(|\]\[|<#"),
+    "a directive fence": re.compile(r":::|```"),
+    "a label definition": re.compile(r"\([\w-]+\)="),
+    "a raw label": re.compile(
+        r"\b(?:eq|fig|sec|tab|tbl)-[a-z0-9][\w-]*", re.IGNORECASE
+    ),
+}
+
+
+def caption_problems(captions: list[str]) -> list[str]:
+    """``caption: what raw syntax it shows`` for each caption that shows reference or markup syntax as text."""
+    found = []
+    for caption in captions:
+        for what, pattern in CAPTION_MARKUP.items():
+            hit = pattern.search(caption)
+            if hit:
+                start = max(0, hit.start() - 30)
+                found.append(
+                    f"{what} {hit.group(0)!r} in {caption[:20]!r}...{caption[start : hit.end() + 20]!r}"
+                )
+    return found
+
+
+def test_caption_check_catches_raw_labels() -> None:
+    # the kinds of caption that rendered wrong, and ones that are fine
+    bad = [
+        "Fig. 17 Left: RoFormer's relative upper bound (eq-rope-decay) and the score.",
+        "Fig. 2 the smooth bits s_j(p) of eq-bits (blue)",
+        "Fig. 3 as in {numref}`fig-bits`",
+        "Fig. 4 see [the table](#sec-table)",
+    ]
+    good = [
+        "Fig. 17 Left: RoFormer's relative upper bound (12) and the score, d_model = 64.",
+        "Fig. 5 Scores of query p = 50 (float32, seq-len 8) against every key q.",
+    ]
+    assert [bool(caption_problems([c])) for c in bad + good] == [True] * 4 + [False] * 2
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_captions_show_no_raw_labels(visit: Callable[..., Visit], docname: str) -> None:
+    """Figure, table and code captions show no cross-reference or markup syntax as text: a caption refers to an
+    equation with the {eq} role (rendered as its number), never by writing the label."""
+    problems = caption_problems(visit(html_path(docname)).dom["captions"])
+    assert not problems, f"{docname}: captions showing raw syntax: {problems}"
 
 
 @pytest.mark.parametrize("docname", PAGES)

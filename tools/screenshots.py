@@ -7,7 +7,9 @@ Pages are those of ``_toc.yml`` (plus the search page), served on 127.0.0.1 and 
 (see tests/browser_helpers.py). Each page is saved whole (``NN_page.desktop.light.png``); with ``--tiles`` also
 one screen at a time (``...tile03.png``), which is easier to read than a very tall image. Dark mode is the
 reader's system preference (``prefers-color-scheme: dark``), which the theme follows in its default "auto" mode.
-Prints one line per page: its height, and anything wider than the screen (which makes a phone scroll sideways).
+Prints one line per page: its height, anything wider than the screen (which makes a phone scroll sideways), and
+the figures whose smallest text reads under tests/test_layout.py's bar at that width (derived from
+book/posenc.mplstyle's smallest font and the image's displayed scale).
 """
 
 from __future__ import annotations
@@ -22,15 +24,19 @@ sys.path.insert(0, str(ROOT))
 
 from tests.browser_helpers import (  # noqa: E402 (the repository root is put on the path first)
     DESKTOP,
+    MIN_TEXT_PX,
     PHONE,
+    SHORT_CELL,
     WAIT_FOR_MATHJAX,
     book_html_dir,
     browser_missing_reason,
+    figure_style,
     html_path,
     launch_chromium,
     serve,
     toc_pages,
 )
+from tests.browser_pages import MEASURE  # noqa: E402
 
 # Elements of the article wider than the viewport (they make the page scroll sideways on a phone).
 OVERFLOW = """() => {
@@ -46,8 +52,22 @@ OVERFLOW = """() => {
 }"""
 
 
-def shoot(context: Any, url: str, stem: Path, tiles: bool) -> dict[str, Any]:
-    """Open ``url``, wait for MathJax and images, save the whole page (and its screens); report overflow."""
+def small_figures(layout: dict[str, Any], width: str) -> list[str]:
+    """``"Fig. 9 (fig-unit-circle) 7.3 px"`` for each figure whose smallest text reads under the bar at ``width``."""
+    style = figure_style()
+    found = []
+    for image in layout["images"]:
+        text_px = image["shown"] / image["natural"] * style.min_font_px
+        if text_px < MIN_TEXT_PX[width]:
+            found.append(f"{image['name']} {text_px:.1f} px")
+    return found
+
+
+def shoot(
+    context: Any, url: str, stem: Path, tiles: bool, width: str
+) -> dict[str, Any]:
+    """Open ``url``, wait for MathJax and images, save the whole page (and its screens); report overflow and
+    figures whose text reads too small."""
     page = context.new_page()
     try:
         page.goto(url, wait_until="load")
@@ -63,6 +83,7 @@ def shoot(context: Any, url: str, stem: Path, tiles: bool) -> dict[str, Any]:
                 page.screenshot(path=f"{stem}.tile{index:02d}.png")
         report = page.evaluate(OVERFLOW)
         report["height"] = height
+        report["small"] = small_figures(page.evaluate(MEASURE, SHORT_CELL), width)
         return report
     finally:
         page.close()
@@ -140,14 +161,20 @@ def main(argv: list[str]) -> int:
                         base + path,
                         args.out / f"{stem}.{width}.{mode}",
                         args.tiles,
+                        width,
                     )
                     sideways = (
                         f"; wider than the screen ({report['scrollWidth']} > {report['width']} px): {report['wide']}"
                         if report["scrollWidth"] > report["width"]
                         else ""
                     )
+                    small = (
+                        f"; figure text under {MIN_TEXT_PX[width]:g} px: {report['small']}"
+                        if report["small"]
+                        else ""
+                    )
                     print(
-                        f"{stem}.{width}.{mode}: {report['height']} px tall{sideways}"
+                        f"{stem}.{width}.{mode}: {report['height']} px tall{sideways}{small}"
                     )
                 context.close()
         browser.close()
