@@ -179,10 +179,12 @@ def check_offset(offset: object, name: str = "offset", fix: str = "") -> int:
         offset = operator.index(offset)
     except TypeError:
         raise TypeError(f"{name} must be an int >= 0 ({fix}), {_got(offset)}") from None
-    if not 0 <= offset <= MAX_POSITION:
+    if offset < 0:
+        raise ValueError(f"{name} must be an int >= 0 ({fix}), got {offset}")
+    if offset > MAX_POSITION:
         raise ValueError(
-            f"{name} must be an int in [0, 2**53] ({fix}), got {offset}; "
-            "positions beyond 2**53 are not exact in float64"
+            f"{name} must be at most 2**53 ({fix}), got {offset}; positions "
+            "beyond 2**53 are not exact in float64, where the angles are formed"
         )
     return offset
 
