@@ -64,8 +64,8 @@ ERRORS = ("early_eos", "no_eos", "wrong_symbol")
 class TrainConfig:
     """Everything about a run except the scheme, task and seed (and, per pair, ``lr``)."""
 
-    train_max_len: int = 16  # L: input lengths 1..L at training
-    eval_max_len: int = 48  # evaluated at n = 1..3L
+    train_max_len: int = 12  # L: input lengths 1..L at training
+    eval_max_len: int = 36  # evaluated at n = 1..3L
     max_steps: int = 3200  # the cap: a run stops here if the rule has not stopped it
     min_steps: int = 2000  # the rule is not applied before this step
     plateau_window: float = 0.2  # the rule compares the last 20 % of the steps ...
