@@ -18,9 +18,9 @@ def _pair_channels(
     layout: str,
     schedule: str,
 ) -> tuple[Tensor, Tensor, int | None]:
-    """Where each pair lives: channel indices of the ``d_model // 2`` paired sines
-    and cosines (each of shape ``[d_model // 2]``), and the index of the unpaired
-    channel for odd ``d_model`` (else ``None``)."""
+    """Where each pair lives: channel indices of the ``d_model // 2``
+    paired sines and cosines (each of shape ``[d_model // 2]``), and the
+    index of the unpaired channel for odd ``d_model`` (else ``None``)."""
     m = d_model // 2
     i = torch.arange(m)
     if layout == "interleaved":
@@ -45,36 +45,37 @@ def offset_matrix(
     layout: str = "interleaved",
     frequencies: str = "paper",
 ) -> Tensor:
-    """The matrix M_k that moves the encoding by an offset k: PE[p + k] = M_k·PE[p]
-    for every p, with encodings as column vectors.
+    """The matrix M_k that moves the encoding by an offset k:
+    PE[p + k] = M_k·PE[p] for every p, with encodings as column vectors.
 
     M_k is block-diagonal with one 2×2 rotation per sine/cosine pair: with
     θ = k·ω_i, the block [[cos θ, sin θ], [-sin θ, cos θ]] acts on
-    (sin p·ω_i, cos p·ω_i), placed at the channels of the chosen ``layout``. It is
-    orthogonal, M_(-k) = M_k^T = M_k^(-1) and M_a·M_b = M_(a+b). With the same
-    ``d_model``, ``base``, ``layout`` and ``frequencies``,
+    (sin p·ω_i, cos p·ω_i), placed at the channels of the chosen ``layout``.
+    It is orthogonal, M_(-k) = M_k^T = M_k^(-1) and M_a·M_b = M_(a+b).
+    With the same ``d_model``, ``base``, ``layout`` and ``frequencies``,
     ``sinusoidal_encoding(p + k, d_model) ==
     offset_matrix(k, d_model) @ sinusoidal_encoding(p, d_model)``
     (for a table of rows use ``table @ M.T``), to float64 angle rounding: about
     ``2^-53·(p + |k| + |p + k|)``.
 
-    For odd ``d_model`` the unpaired channel, which has no partner to rotate with,
-    gets a 1 on the diagonal, so M_k stays orthogonal and a group. With
-    ``frequencies="paper"`` that channel is sin(p·ω_u), ω_u = base^(-(d-1)/d), and
-    the identity holds on the paired channels only; on the unpaired one the error
-    is ``|sin((p+k)·ω_u) - sin(p·ω_u)| ≤ |k|·ω_u``. With
+    For odd ``d_model`` the unpaired channel, which has no partner to rotate
+    with, gets a 1 on the diagonal, so M_k stays orthogonal and a group. With
+    ``frequencies="paper"`` that channel is sin(p·ω_u),
+    ω_u = base^(-(d-1)/d), and the identity holds on the paired channels only;
+    on the unpaired one the error is
+    ``|sin((p+k)·ω_u) - sin(p·ω_u)| ≤ |k|·ω_u``. With
     ``frequencies="tensor2tensor"`` the unpaired channel is identically zero and
     the identity holds on every channel.
 
     Args:
-        offset: the offset k (any sign), an int or an integer tensor of any shape
-            ``[*]``.
+        offset: the offset k (any sign), an int or an integer tensor of any
+            shape ``[*]``.
         d_model: embedding width d, a positive int.
         base: the base of the frequency progression, a number > 1.
-        dtype: floating dtype of the result. The angles k·ω_i and their sines and
-            cosines are computed in float64 and rounded once.
-        device: device of the result; default: the device of ``offset`` (CPU for an
-            int).
+        dtype: floating dtype of the result. The angles k·ω_i and their sines
+            and cosines are computed in float64 and rounded once.
+        device: device of the result; default: the device of ``offset`` (CPU
+            for an int).
         layout: ``"interleaved"`` or ``"concat"``, as in
             :func:`posenc.sinusoidal_encoding`.
         frequencies: ``"paper"`` or ``"tensor2tensor"``, as in
@@ -87,7 +88,9 @@ def offset_matrix(
     d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(offset, Tensor):
         check_integer_tensor(
-            "offset", offset, "pass e.g. offset.long() (offsets count positions)"
+            "offset",
+            offset,
+            "pass e.g. offset.long() (offsets count positions)",
         )
         target = device if device is not None else offset.device
         k = offset.to(device=target, dtype=torch.float64)
