@@ -4,6 +4,7 @@
     python benchmarks/bench_rotary.py --no-compiled    # eager only (compiling takes minutes on a small CPU)
     python benchmarks/bench_rotary.py --before 4a91582 # also: the code at that git revision, paired by round
     python benchmarks/bench_rotary.py --device cuda    # on a GPU -> results/rotary-gpu-<date>.json
+    python benchmarks/bench_rotary.py --swap-only      # the Llama swap alone -> results/rotary-swap-cpu-<date>.json
 
 Needs transformers (the real package, as pinned in requirements.txt); tools/gpu_check.py skips this benchmark,
 saying so, where it is not installed.
@@ -30,6 +31,14 @@ Variants, all rotating q and k at the same positions:
   the ``posenc`` module (``posenc_compiled``: how a compiled model runs it, the module inlined in its graph); and
   ``posenc_compiled_module``, ``torch.compile`` of the module object itself, whose call goes through the wrapper
   module's own ``__call__`` as well (reported, not a goal).
+
+The swap (``swap`` in the results, and ``--swap-only``): a whole forward of a small Llama (``SWAP_CONFIG``: 2 layers,
+hidden size 256, 4 heads of 64 channels, 512 tokens of vocabulary, eager, float32) with transformers' own
+``LlamaRotaryEmbedding`` against the same model with ``posenc.HFRotaryEmbedding`` swapped in (two models, the same
+weights), paired by round: a prefill of 256 tokens, and one decoding step at position 256 with the KV cache (cropped
+back to 256 tokens after each call, on both sides); and the rotary modules alone on the same position_ids.
+``speedup`` is hf time / posenc time: > 1 means the swapped model is faster. The model is small so that the rotary
+module's share of a forward is visible; in a larger model it shrinks.
 
 Roofline: the time of a plain copy (``torch.clone``) of q, k and the table rows the call reads, measured in the same
 rounds: the bytes any rotation must move, at the copy bandwidth achieved on this machine. A rotation that reads
@@ -326,6 +335,93 @@ def time_shape(
     }
 
 
+#: The Llama of the swap benchmark: small, so that the rotary module's share of a forward is visible
+SWAP_CONFIG: dict[str, Any] = {
+    "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 4096,
+}  # fmt: skip
+#: prompt length of the prefill, and the cache length of the decoding step
+SWAP_TOKENS = 256
+
+
+def make_swap_variants(
+    device: torch.device, tokens: int = SWAP_TOKENS
+) -> dict[str, Callable[[], Any]]:
+    """A Llama forward with transformers' rotary module and with posenc's swapped in, prefill and one decoding
+    step with the KV cache; and the two rotary modules alone."""
+    import copy
+
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    from posenc import HFRotaryEmbedding
+
+    torch.manual_seed(0)
+    hf_model = LlamaForCausalLM(LlamaConfig(**SWAP_CONFIG)).to(device).eval()
+    ours = copy.deepcopy(hf_model)
+    ours.model.rotary_emb = HFRotaryEmbedding(ours.config).to(device)  # the swap
+    ids = torch.randint(0, SWAP_CONFIG["vocab_size"], (1, tokens), device=device)
+    step = ids[:, :1]
+    caches = {}
+    for name, model in (("hf", hf_model), ("posenc", ours)):
+        caches[name] = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(ids, past_key_values=caches[name], use_cache=True)
+    hidden = torch.zeros(1, tokens, SWAP_CONFIG["hidden_size"], device=device)
+    prefill_ids = torch.arange(tokens, device=device)[None]
+    decode_ids = torch.tensor([[tokens]], device=device)
+
+    def decode(name: str, model: Any) -> Callable[[], Any]:
+        def call() -> Any:
+            out = model(step, past_key_values=caches[name], use_cache=True)
+            caches[name].crop(-1)  # back to the prompt: the same call every time
+            return out
+
+        return call
+
+    return {
+        "hf_prefill": lambda: hf_model(ids),
+        "posenc_prefill": lambda: ours(ids),
+        "hf_decode": decode("hf", hf_model),
+        "posenc_decode": decode("posenc", ours),
+        "hf_module_prefill": lambda: hf_model.model.rotary_emb(hidden, prefill_ids),
+        "posenc_module_prefill": lambda: ours.model.rotary_emb(hidden, prefill_ids),
+        "hf_module_decode": lambda: hf_model.model.rotary_emb(hidden, decode_ids),
+        "posenc_module_decode": lambda: ours.model.rotary_emb(hidden, decode_ids),
+    }
+
+
+def time_swap(
+    device: torch.device,
+    *,
+    seconds: float,
+    block_s: float,
+    min_rounds: int = 15,
+    max_rounds: int = 400,
+    tokens: int = SWAP_TOKENS,
+) -> dict[str, Any]:
+    """Paired rounds of the swap variants: ``speedup`` = hf time / posenc time per round, median and quartiles."""
+    variants = make_swap_variants(device, tokens)
+    times, calls, warmup_s, rounds = time_rounds(
+        variants, device, seconds=seconds, block_s=block_s,
+        min_rounds=min_rounds, max_rounds=max_rounds,
+    )  # fmt: skip
+    cases = ("prefill", "decode", "module_prefill", "module_decode")
+    speedup = {c: paired(times, f"hf_{c}", f"posenc_{c}") for c in cases}
+    return {
+        "device": device.type,
+        "model": {**SWAP_CONFIG, "tokens": tokens, "dtype": "float32", "eager": True},
+        "rounds": rounds,
+        "calls_per_block": calls,
+        "warmup_s": warmup_s,
+        "median_us": {
+            n: round(statistics.median(t) * 1e6, 2) for n, t in times.items()
+        },
+        # hf time / posenc time, paired by round: >= 1 means the swapped model is at least as fast
+        "speedup": {c: v[0] for c, v in speedup.items()},
+        "speedup_quartiles": {c: v[1] for c, v in speedup.items()},
+    }
+
+
 def load_revision(rev: str, directory: Path) -> Any:
     """posenc as it was at git revision ``rev`` (``git show``), importable from ``directory`` under another
     name, with its custom operators in their own namespace so that both versions load in one process."""
@@ -443,6 +539,17 @@ def time_before_after(
     return out
 
 
+def swap_goals(swap: dict[str, Any], noise: float = 0.03) -> list[dict[str, Any]]:
+    """The swap's goal: a Llama forward with posenc.HFRotaryEmbedding at least as fast as with transformers' own
+    module, prefill and decoding step, within ``noise``."""
+    return [
+        {"device": swap["device"], "shape": [1, swap["model"]["tokens"] if case == "prefill" else 1],
+         "goal": f"Llama {case} with HFRotaryEmbedding at least as fast as with LlamaRotaryEmbedding",
+         "value": swap["speedup"][case], "met": swap["speedup"][case] >= 1 - noise}
+        for case in ("prefill", "decode")
+    ]  # fmt: skip
+
+
 def goals(results: list[dict[str, Any]], noise: float = 0.03) -> list[dict[str, Any]]:
     """The issue's goal: at least as fast as the Hugging Face recipe at every shape (eager vs eager, compiled vs
     compiled), within ``noise`` (a few per cent is the noise of a shared machine)."""
@@ -481,12 +588,20 @@ def run(
     block_s: float,
     compiled: bool,
     before: str | None = None,
+    swap_only: bool = False,
 ) -> dict[str, Any]:
     dev = torch.device(device)
     start = time.perf_counter()
     load_before = _load_average()
     results = []
-    for shape, (offset, limit) in SHAPES.items():
+    swap = time_swap(dev, seconds=2 * seconds, block_s=block_s)
+    print(
+        f"{device} Llama swap, hf / posenc: "
+        + ", ".join(f"{c} {v:.3f}" for c, v in swap["speedup"].items()),
+        file=sys.stderr,
+        flush=True,
+    )
+    for shape, (offset, limit) in {} if swap_only else SHAPES.items():
         res = time_shape(
             shape, offset, dev, seconds=seconds, block_s=block_s, compiled=compiled
         )
@@ -520,8 +635,9 @@ def run(
             "layout": "half",
         },
         "load_average": {"before": load_before, "after": _load_average()},
+        "swap": swap,
         "results": results,
-        "goals": goals(results),
+        "goals": swap_goals(swap) + goals(results),
         **({"before_after": before_after} if before_after else {}),
         "wall_s": round(time.perf_counter() - start, 1),
     }
@@ -561,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a note on the machine's load during the run, stored in the results file",
     )
     parser.add_argument(
+        "--swap-only",
+        action="store_true",
+        help="time only the Llama swap (posenc.HFRotaryEmbedding against transformers' module)",
+    )
+    parser.add_argument(
         "--no-allocator-env",
         action="store_true",
         help="do not re-run with ALLOCATOR_ENV set",
@@ -579,8 +700,9 @@ def main(argv: list[str] | None = None) -> int:
         args.device,
         seconds=args.seconds,
         block_s=args.block_ms / 1000,
-        compiled=args.compiled,
+        compiled=args.compiled and not args.swap_only,
         before=args.before,
+        swap_only=args.swap_only,
     )
     if args.load_note:
         report["load_note"] = args.load_note
@@ -589,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
     prefix = "gpu" if args.device == "cuda" else "cpu"
+    prefix = f"swap-{prefix}" if args.swap_only else prefix
     path = (
         Path(args.out)
         if args.out

@@ -6,8 +6,9 @@ values at positions below 2^24.
     PositionalEncoding      the 2017 encoding added to [seq_len, batch, d_model] (or batch_first) inputs;
                             a drop-in for labml's, spotpython's and the PyTorch tutorial's modules
     sinusoidal_encoding     the table PE[p, 2i] = sin(p·ω_i), PE[p, 2i+1] = cos(p·ω_i), ω_i = base^(-2i/d)
-    RotaryEmbedding         rotary position embeddings for queries and keys (layout="half" for Hugging Face,
-                            GPT-NeoX and Llama checkpoints), with Hugging Face's rope scaling types
+    RotaryEmbedding         rotary position embeddings for queries and keys, with Hugging Face's rope scaling
+                            types; RotaryEmbedding.from_hf_config(config) for a checkpoint's layout
+    HFRotaryEmbedding       a drop-in for a transformers model's rotary_emb module, read from its config
     timestep_embedding      diffusion time-step embeddings (diffusers' get_timestep_embedding keywords)
     sincos_grid             2-D and 3-D sin-cos tables for image patches and video (MAE, timm, ...)
 
@@ -17,6 +18,7 @@ shapes of its arguments and results.
 """
 
 from posenc.encoding import frequencies, sinusoidal_encoding
+from posenc.hf import HFRotaryEmbedding
 from posenc.module import PositionalEncoding, get_positional_encoding
 from posenc.offsets import offset_matrix
 from posenc.rope_scaling import ROPE_TYPES, rotary_frequencies
@@ -33,6 +35,7 @@ from posenc.sincos import (
 __all__ = [
     "GRID_CONVENTIONS",
     "ROPE_TYPES",
+    "HFRotaryEmbedding",
     "PositionEmbeddingSine",
     "PositionalEncoding",
     "RotaryEmbedding",

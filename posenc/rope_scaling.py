@@ -15,11 +15,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posenc._checks import check_base, check_even, check_int
+from posenc._checks import check_base, check_count, check_even, check_int
 from posenc.encoding import _omega
 
 #: The rope_type values (of a Hugging Face rope_parameters dict) that posenc reads.
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+ROPE_TYPES = (
+    "default", "linear", "dynamic", "yarn", "llama3", "longrope", "proportional",
+)  # fmt: skip
 
 
 def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
@@ -54,13 +56,14 @@ _TYPE_KEYS: dict[str, tuple[str, ...]] = {
         "short_factor", "long_factor", "factor",
         "original_max_position_embeddings", "attention_factor",
     ),
+    "proportional": ("factor",),
 }  # fmt: skip
 #: Keys every type accepts. ``max_position_embeddings`` is the model config's own
 #: field (Hugging Face reads it from the config, not from the dict): dynamic NTK
 #: needs it, and yarn, llama3 and longrope fall back on it as HF does.
 _COMMON_KEYS = (
     "rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section",
-    "max_position_embeddings",
+    "mrope_interleaved", "max_position_embeddings",
 )  # fmt: skip
 
 
@@ -79,8 +82,21 @@ def _param_number(
     return float(value)
 
 
+#: What to add when the model's own length is missing from a plain dict.
+_ADD_LENGTH = (
+    "Hugging Face keeps it outside rope_parameters: pass scaling={**config."
+    "rope_parameters, 'max_position_embeddings': config.max_position_embeddings}, "
+    "or build the module with RotaryEmbedding.from_hf_config(config)"
+)
+
+
 def _param_int(params: dict[str, Any], key: str, rope_type: str) -> int:
     """``params[key]`` (a context length) as a positive int."""
+    if key == "max_position_embeddings" and key not in params:
+        raise ValueError(
+            f"rope_type {rope_type!r} needs the model config's max_position_embeddings "
+            f"(the context length it was trained for); {_ADD_LENGTH}"
+        )
     if key not in params:
         raise ValueError(
             f"rope_type {rope_type!r} needs scaling[{key!r}] (the pretraining context "
@@ -106,10 +122,40 @@ def _param_list(params: dict[str, Any], key: str, *, ints: bool) -> list:
     return [int(v) if ints else float(v) for v in value]
 
 
-def _rope_parameters(scaling: object, base: object) -> dict[str, Any]:
+def _per_layer_type(scaling: Mapping) -> bool:
+    """Whether ``scaling`` holds one dict per layer type (Gemma 3 and 4, Olmo 3):
+    every value a dict (or None, a layer type without rotary embeddings)."""
+    return bool(scaling) and all(
+        isinstance(v, Mapping) or v is None for v in scaling.values()
+    )
+
+
+def _select_layer_type(scaling: Mapping, layer_type: object) -> Mapping:
+    """The parameters of ``layer_type`` from a per-layer-type dict, checked."""
+    types = sorted(map(str, scaling))
+    if layer_type is None:
+        raise ValueError(
+            f"scaling holds rope_parameters per layer type ({types}); pass "
+            f"layer_type='{types[0]}' (one of them), or that type's own dict"
+        )
+    if layer_type not in scaling:
+        raise ValueError(f"layer_type={layer_type!r} is not one of {types}")
+    chosen = scaling[layer_type]
+    if chosen is None:
+        raise ValueError(
+            f"layer_type={layer_type!r} has no rotary embedding (its parameters "
+            "are None)"
+        )
+    return chosen
+
+
+def _rope_parameters(
+    scaling: object, base: object, layer_type: object = None
+) -> dict[str, Any]:
     """A checked copy of ``scaling`` (a Hugging Face ``rope_parameters`` or
-    ``rope_scaling`` dict) with ``rope_type``, ``rope_theta`` and the defaults
-    transformers applies: the one description every table is computed from."""
+    ``rope_scaling`` dict, or one dict per layer type and ``layer_type``) with
+    ``rope_type``, ``rope_theta`` and the defaults transformers applies: the one
+    description every table is computed from."""
     if scaling is None:
         scaling = {}
     if not isinstance(scaling, Mapping):
@@ -117,6 +163,14 @@ def _rope_parameters(scaling: object, base: object) -> dict[str, Any]:
             f"scaling must be a dict like a model config's rope_parameters (or "
             f"rope_scaling), e.g. {{'rope_type': 'llama3', 'factor': 8.0, ...}}, got "
             f"{type(scaling).__name__}"
+        )
+    if _per_layer_type(scaling):
+        scaling = _select_layer_type(scaling, layer_type)
+    elif layer_type is not None:
+        raise ValueError(
+            f"layer_type={layer_type!r} was given, but scaling is not keyed by layer "
+            "type (a rope_parameters dict such as Gemma 3's holds one dict per "
+            "type); pass layer_type=None"
         )
     params = dict(scaling)
     rope_type, legacy = params.pop("rope_type", None), params.pop("type", None)
@@ -160,6 +214,12 @@ def _rope_parameters(scaling: object, base: object) -> dict[str, Any]:
             )
     if "mrope_section" in params:
         params["mrope_section"] = _param_list(params, "mrope_section", ints=True)
+    if not isinstance(params.get("mrope_interleaved", False), bool):
+        raise TypeError(
+            "scaling['mrope_interleaved'] must be True (Qwen3-VL: the position axes "
+            "take turns pair by pair) or False (Qwen2-VL: one block of pairs per "
+            f"axis), got {params['mrope_interleaved']!r}"
+        )
     if rope_type in ("yarn", "llama3", "longrope"):
         # as transformers' standardize_rope_params: the original length defaults to
         # the config's max_position_embeddings
@@ -172,16 +232,15 @@ def _rope_parameters(scaling: object, base: object) -> dict[str, Any]:
         # context lengths
         if "max_position_embeddings" not in params:
             raise ValueError(
-                f"rope_type {rope_type!r} without scaling['factor'] needs "
-                "scaling['max_position_embeddings'] (the model config's) to take "
-                "the factor as max_position_embeddings / "
-                "original_max_position_embeddings; or pass factor"
+                f"rope_type {rope_type!r} without scaling['factor'] takes the factor "
+                "as max_position_embeddings / original_max_position_embeddings, and "
+                f"needs the model config's max_position_embeddings for it; {_ADD_LENGTH}"
             )
         params["factor"] = (
             params["max_position_embeddings"]
             / params["original_max_position_embeddings"]
         )
-    if rope_type != "default":
+    if rope_type not in ("default", "proportional"):
         if "factor" not in params and rope_type != "longrope":
             raise ValueError(
                 f"rope_type {rope_type!r} needs scaling['factor'], e.g. factor=8.0"
@@ -193,14 +252,27 @@ def _rope_parameters(scaling: object, base: object) -> dict[str, Any]:
             )
     if rope_type == "dynamic":
         _param_int(params, "max_position_embeddings", rope_type)
+    if rope_type == "proportional" and params.get("factor") is not None:
+        params["factor"] = _param_number(params, "factor", low=0.0)
+    if rope_type in ("yarn", "longrope") and params.get("attention_factor") is not None:
+        # it multiplies cos and sin: 0 would zero every query and key
+        params["attention_factor"] = _param_number(params, "attention_factor", low=0.0)
     if rope_type == "yarn":
-        for key in ("attention_factor", "mscale", "mscale_all_dim"):
+        for key in ("mscale", "mscale_all_dim"):
             if params.get(key) is not None:
                 params[key] = _param_number(params, key, low=0.0, strict=False)
         for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
             # transformers: `rope_parameters.get(key) or default`
             value = params.get(key) or default
             params[key] = _param_number({key: value}, key, low=0.0)
+        if params["beta_fast"] < params["beta_slow"]:
+            # the ramp would run backwards, slowing the fastest pairs
+            raise ValueError(
+                "scaling['beta_fast'] (turns over the original context above which "
+                "a pair is kept) must be >= scaling['beta_slow'] (below which it is "
+                f"slowed), got {params['beta_fast']} and {params['beta_slow']}; "
+                "YaRN's defaults are 32 and 1"
+            )
         if not isinstance(params.setdefault("truncate", True), bool):
             raise TypeError(
                 f"scaling['truncate'] must be True or False, got {params['truncate']!r}"
@@ -223,17 +295,36 @@ def _rope_parameters(scaling: object, base: object) -> dict[str, Any]:
                     "pair of channels)"
                 )
             params[key] = _param_list(params, key, ints=False)
-        if params.get("attention_factor") is not None:
-            params["attention_factor"] = _param_number(
-                params, "attention_factor", low=0.0, strict=False
-            )
     return params
 
 
 def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     """The number of rotated channels: ``rotary_dim``, or ``int(head_dim *
-    partial_rotary_factor)`` as transformers computes it, or ``head_dim``."""
+    partial_rotary_factor)`` as transformers computes it, or ``head_dim`` (and
+    always ``head_dim`` for ``proportional``, whose unrotated pairs turn at speed
+    0). Checks that longrope's factors hold one number per pair."""
+    width = _width(head_dim, params, rotary_dim)
+    if params["rope_type"] == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if len(params[key]) != width // 2:
+                raise ValueError(
+                    f"scaling[{key!r}] must hold one factor per pair of rotated "
+                    f"channels ({width // 2} for {width} channels), got "
+                    f"{len(params[key])}"
+                )
+    return width
+
+
+def _width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     factor = params.get("partial_rotary_factor")
+    if params["rope_type"] == "proportional":
+        if rotary_dim not in (None, head_dim):
+            raise ValueError(
+                f"rope_type 'proportional' turns pairs across the whole head "
+                f"(head_dim={head_dim}, with speed 0 past partial_rotary_factor), "
+                f"got rotary_dim={rotary_dim}; pass rotary_dim=None"
+            )
+        return _check_rotary_dim(None, head_dim)
     if factor is None:
         return _check_rotary_dim(rotary_dim, head_dim)
     from_factor = int(head_dim * factor)
@@ -253,20 +344,35 @@ def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) ->
     return from_factor
 
 
-def _frequencies(dim: int, params: dict[str, Any], seq_len: int | None) -> Tensor:
+def _frequencies(
+    dim: int, params: dict[str, Any], seq_len: int | Tensor | None
+) -> Tensor:
     """float64 ω_i of the rotation for ``params`` (from ``_rope_parameters``),
-    ``[dim / 2]``: chapter 06 derives each type from ω_i = base^(-2i/dim)."""
+    ``[dim / 2]``, each type derived from ω_i = base^(-2i/dim) in the section
+    below. ``seq_len`` (dynamic, longrope): an int, or for dynamic a 0-d tensor,
+    whose device the frequencies are then computed on."""
     rope_type, base = params["rope_type"], params["rope_theta"]
     if rope_type == "dynamic":
         if dim < 4:
             raise ValueError(
                 f"dynamic NTK needs at least 4 rotated channels, got {dim}"
             )
-        # the base grows with the sequence: (s n / L - (s - 1))^(d / (d - 2))
-        length, s = params["max_position_embeddings"], params["factor"]
-        n = length if seq_len is None else max(seq_len, length)
-        base = base * ((s * n / length) - (s - 1)) ** (dim / (dim - 2))
+        length = params["max_position_embeddings"]
+        if isinstance(seq_len, Tensor):  # a length on the positions' device:
+            # computed there, never read back to the host
+            n = seq_len.clamp(min=length).to(torch.float64)
+            i = torch.arange(dim // 2, dtype=torch.float64, device=n.device)
+            return torch.pow(_ntk_base(params, dim, n), -2.0 * i / dim)
+        base = _ntk_base(
+            params, dim, length if seq_len is None else max(seq_len, length)
+        )
     omega = _omega(dim, base, "paper")  # base^(-2i/d)
+    if rope_type == "proportional":
+        # pairs past partial_rotary_factor stand still; the others keep base^(-2i/d)
+        # with d the whole head (not the rotated channels)
+        turning = int(params.get("partial_rotary_factor", 1.0) * dim // 2)
+        omega[turning:] = 0.0
+        return omega / params.get("factor", 1.0)
     if rope_type == "linear":  # position interpolation: every pair slowed by s
         return omega / params["factor"]
     if rope_type == "yarn":
@@ -285,6 +391,13 @@ def _frequencies(dim: int, params: dict[str, Any], seq_len: int | None) -> Tenso
             )
         return omega / torch.tensor(factors, dtype=torch.float64)
     return omega
+
+
+def _ntk_base(params: dict[str, Any], dim: int, n: Any) -> Any:
+    """Dynamic NTK's base for a sequence of n >= L tokens (an int, or a float64
+    tensor): base·(s·n/L − (s − 1))^(d/(d − 2))."""
+    length, s = params["max_position_embeddings"], params["factor"]
+    return params["rope_theta"] * ((s * n / length) - (s - 1)) ** (dim / (dim - 2))
 
 
 def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tensor:
@@ -348,6 +461,7 @@ def rotary_frequencies(
     base: float | None = None,
     scaling: Mapping[str, Any] | None = None,
     seq_len: int | None = None,
+    layer_type: str | None = None,
 ) -> tuple[Tensor, float]:
     """The frequencies ω_i of rotary embeddings, in float64, and the attention factor.
 
@@ -366,7 +480,14 @@ def rotary_frequencies(
       ``high_freq_factor``, ``original_max_position_embeddings``);
     - ``"longrope"``: ω_i / short_factor[i], or / long_factor[i] once the sequence
       exceeds ``original_max_position_embeddings`` (Phi-3); attention factor
-      √(1 + ln s / ln L_orig) unless given.
+      √(1 + ln s / ln L_orig) unless given;
+    - ``"proportional"`` (Gemma 4): ω_i = base^(-2i/head_dim) / factor on the first
+      int(partial_rotary_factor · head_dim / 2) pairs, 0 on the others.
+
+    ``mrope_section`` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) splits the pairs over
+    position axes without changing ω_i; ``mrope_interleaved`` (Qwen3-VL) makes the
+    axes take turns pair by pair. A dict keyed by layer type (Gemma 3 and 4) needs
+    ``layer_type``.
 
     Each agrees with transformers 5.23's ``ROPE_INIT_FUNCTIONS`` on the same dict to
     the rounding of transformers' own float32 arithmetic: a relative difference of
@@ -384,19 +505,23 @@ def rotary_frequencies(
             ``scaling['rope_theta']``.
         scaling: a ``rope_parameters`` dict, or None for the default rotation.
         seq_len: the sequence length (largest position + 1) that ``dynamic`` and
-            ``longrope`` adapt to; None: transformers' value at initialisation.
+            ``longrope`` adapt to, a positive int; None: transformers' value at
+            initialisation.
+        layer_type: the layer type whose parameters to read when ``scaling``
+            holds one dict per type (e.g. ``"sliding_attention"``), else None.
 
     Returns:
         ``(frequencies, attention_factor)``: a float64 tensor ``[d / 2]`` (CPU), d
         the rotated channels, and a float.
     """
-    params = _rope_parameters(scaling, base)
+    params = _rope_parameters(scaling, base, layer_type)
     fix = "pass e.g. head_dim=128"
     head_dim = check_int("head_dim", head_dim, fix)
     if head_dim < 2:
         raise ValueError(f"head_dim must be a positive int >= 2, got {head_dim}; {fix}")
     if seq_len is not None:
-        seq_len = check_int("seq_len", seq_len, "pass e.g. seq_len=8192")
+        what = "the sequence length: the largest position + 1"
+        seq_len = check_count("seq_len", seq_len, 1, "8192", what)
     dim = _rotated_width(head_dim, params, None)
     if dim % 2:
         raise ValueError(
@@ -428,16 +553,33 @@ def _frequencies_of(
         for k, v in ast.literal_eval(description)
     }
     omega = torch.cat([_frequencies(int(w), params, seq_len) for w in widths])
-    return _per_axis(omega, sections) if sections else omega
+    if not sections:
+        return omega
+    return _per_axis(omega, sections, params.get("mrope_interleaved", False))
 
 
-def _per_axis(omega: Tensor, sections: Sequence[int]) -> Tensor:
-    """``[axes, r / 2]``: row a holds ω_i on the pairs of section a, 0 elsewhere."""
-    rows, start = torch.zeros(len(sections), omega.shape[0], dtype=omega.dtype), 0
-    for axis, pairs in enumerate(sections):
-        rows[axis, start : start + pairs] = omega[start : start + pairs]
-        start += pairs
-    return rows
+def _axis_of_pairs(pairs: int, sections: Sequence[int], interleaved: bool) -> Tensor:
+    """The position axis of each pair, ``[pairs]``: ``sections[a]`` consecutive
+    pairs per axis (Qwen2-VL), or, interleaved (Qwen3-VL's ``mrope_interleaved``),
+    axis a >= 1 on the pairs i ≡ a (mod 3) below 3·sections[a] and axis 0 on the
+    rest."""
+    if not interleaved:
+        return torch.repeat_interleave(
+            torch.arange(len(sections)), torch.tensor(sections)
+        )[:pairs]
+    axis = torch.zeros(pairs, dtype=torch.long)
+    for a in range(1, len(sections)):
+        axis[a : 3 * sections[a] : 3] = a
+    return axis
+
+
+def _per_axis(
+    omega: Tensor, sections: Sequence[int], interleaved: bool = False
+) -> Tensor:
+    """``[axes, r / 2]``: row a holds ω_i on the pairs of axis a, 0 elsewhere."""
+    axis = _axis_of_pairs(omega.shape[0], sections, interleaved)
+    rows = torch.zeros(len(sections), omega.shape[0], dtype=omega.dtype)
+    return rows.scatter_(0, axis[None], omega[None])
 
 
 def _check_axes_dim(axes_dim: object, rotary_dim: int) -> tuple[int, ...]:

@@ -116,3 +116,39 @@ def test_goals_allow_three_percent_and_pair_like_with_like():
     eager_only = _result(1.1, 1.0)
     del eager_only["speedup_over_hf_compiled"]
     assert len(bench_rotary.goals([eager_only])) == 4
+
+
+def test_the_swap_variants_agree_and_time_shape_reports_paired_speedups():
+    variants = bench_rotary.make_swap_variants(torch.device("cpu"), tokens=6)
+    with torch.no_grad():
+        hf, ours = variants["hf_prefill"]().logits, variants["posenc_prefill"]().logits
+        torch.testing.assert_close(ours, hf, rtol=0, atol=1e-4 * hf.abs().max().item())
+        for case in ("decode", "module_prefill", "module_decode"):
+            a, b = variants[f"hf_{case}"](), variants[f"posenc_{case}"]()
+            a, b = (a.logits, b.logits) if case == "decode" else (a[0], b[0])
+            torch.testing.assert_close(
+                b, a, rtol=0, atol=1e-4 * max(1.0, a.abs().max().item())
+            )
+        # the decoding step keeps its cache at the prompt's length: every call is the same call
+        first = variants["posenc_decode"]().logits
+        assert torch.equal(variants["posenc_decode"]().logits, first)
+    res = bench_rotary.time_swap(
+        torch.device("cpu"),
+        seconds=0.0,
+        block_s=2e-4,
+        min_rounds=3,
+        max_rounds=3,
+        tokens=6,
+    )
+    assert res["rounds"] == 3
+    assert set(res["speedup"]) == {
+        "prefill",
+        "decode",
+        "module_prefill",
+        "module_decode",
+    }
+    assert all(v > 0 for v in res["speedup"].values())
+    checks = bench_rotary.swap_goals(res)
+    assert [c["met"] for c in checks] == [
+        res["speedup"][c] >= 0.97 for c in ("prefill", "decode")
+    ]
