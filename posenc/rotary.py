@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
-__all__ = ["ROTARY_LAYOUTS", "RotaryEmbedding", "apply_rotary", "rotary_cos_sin"]
+__all__ = ["RotaryEmbedding", "apply_rotary", "rotary_cos_sin"]
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,116 +18,102 @@ from posenc._checks import (
     check_count,
     check_dtype,
     check_even,
-    check_int,
-    check_integer_tensor,
-    check_offset,
-    values_checkable,
+)
+from posenc._rotary_args import (
+    ROTARY_LAYOUTS,
+    _check_inputs,
+    _check_offset,
+    _check_positions,
+    _check_seq_dim,
+    _given_tables,
+    _length,
+    _Rope,
+    _rope,
+    _setting,
+    _table_positions,
 )
 from posenc.encoding import _round_once
 from posenc.module import _assume_constant_result
-from posenc.rope_scaling import (
-    _attention_factor,
-    _check_axes_dim,
-    _frequencies_of,
-    _frozen,
-    _rope_parameters,
-    _rotated_width,
-)
 
-#: Channel layouts of the rotated pairs: (2i, 2i+1), or (i, i + rotary_dim / 2).
-ROTARY_LAYOUTS = ("interleaved", "half")
+_HALF = (torch.float16, torch.bfloat16)  # rotated in float32, rounded once
+_CHUNK = 1 << 12  # positions per block of float64 angles: a few MiB besides a table
+_STACK_LIMIT = 1 << 16  # q and k of at most this many elements are rotated stacked
 
 
-def _check_seq_dim(seq_dim: object) -> int:
-    # (a symbolic int while torch.compile traces with dynamic=True)
-    if isinstance(seq_dim, (int, torch.SymInt)) and not isinstance(seq_dim, bool):
-        if seq_dim == -2:
-            return -2
-        if seq_dim == -3:
-            return -3
-    raise ValueError(
-        f"seq_dim must be -2 ([batch, heads, seq_len, head_dim]) or -3 ([batch, "
-        f"seq_len, heads, head_dim]: flash-attention, Flux, Meta's Llama), got "
-        f"{seq_dim!r}"
-    )
+def _rotate(
+    x: Tensor, cos: Tensor, sin: Tensor, layout: str, seq_dim: int, dims: int = 0
+) -> Tensor:
+    """Turn every pair (a, b) of the first r = ``cos.shape[-1]`` channels of ``x``
+    to (a cos θ - b sin θ, b cos θ + a sin θ); the other channels pass through.
+    ``cos``, ``sin``: ``[seq_len, r]`` or, per sequence, ``[batch, seq_len, r]``,
+    for tensors of ``dims`` dims (default x's) with the sequence at ``seq_dim``."""
+    if seq_dim == -3:  # [..., seq_len, heads, head_dim]: one row for all heads
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    while cos.dim() > 2 + (seq_dim == -3) and cos.dim() < (dims or x.dim()):
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # per sequence: [batch, 1, ...]
+    low = x.dtype in _HALF
+    xc = x.float() if low else x
+    r = cos.shape[-1]
+    xr = xc[..., :r] if r < xc.shape[-1] else xc
+    if layout == "interleaved":  # pairs (2i, 2i+1): (a, b) -> (-b, a)
+        a, b = xr.unflatten(-1, (-1, 2)).unbind(-1)
+        turned = torch.stack((b.neg(), a), dim=-1).flatten(-2)
+    else:  # pairs (i, i + r/2): transformers' rotate_half
+        a, b = xr.chunk(2, dim=-1)
+        turned = torch.cat((b.neg(), a), dim=-1)
+    out = xr * cos + turned * sin  # (a, b) cos θ + (-b, a) sin θ
+    if r < xc.shape[-1]:
+        out = torch.cat((out, xc[..., r:]), dim=-1)
+    return out.to(x.dtype) if low else out
 
 
-def _check_positions(positions: Tensor) -> None:
-    """Integer dtype always; values >= 0 where they can be read (not while tracing)."""
-    check_integer_tensor(
-        "positions",
-        positions,
-        "integer positions are required (token indices 0, 1, 2, ..., e.g. "
-        "torch.arange(seq_len)); fractional positions, as in position "
-        "interpolation, are integer positions with scaling={'rope_type': "
-        "'linear', 'factor': f}",
-    )
-    if values_checkable(positions) and positions.numel() and int(positions.min()) < 0:
-        raise ValueError(
-            f"positions must be >= 0, got a minimum of {int(positions.min())}; "
-            "shift them, e.g. positions - positions.min()"
+def _tables_at(
+    rope: _Rope, positions: Tensor, dtype: torch.dtype, seq_len: int | None = None,
+    traced: bool = True,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """cos and sin of θ_{p,i} = p·ω_i for ``positions [*shape]`` (several axes:
+    ``[axes, *shape]``), ``[*shape, r]`` in ``rope``'s layout, rounded once to
+    ``dtype``. ``seq_len``: dynamic NTK's; ``traced``: one operator when traced."""
+    if traced and torch.compiler.is_compiling():  # eager's kernels, one operator
+        length, w, s = -1 if seq_len is None else seq_len, rope.widths, rope.sections
+        return _tables_op(
+            positions, list(w), rope.description, list(s), rope.layout, dtype, length
         )
+    axes = len(rope.sections)
+    flat = positions.reshape(axes, -1) if axes else positions.reshape(-1)
+    n, device = flat.shape[-1], positions.device
+    omega = rope.frequencies(seq_len).to(device)  # [r/2], or [axes, r/2]
+    if rope.switch and n:  # longrope: long factors past the original length
+        long = rope.frequencies(rope.switch + 1).to(device)
+        omega = torch.where(flat.max() >= rope.switch, long, omega)
+    half, r = omega.shape[-1], 2 * omega.shape[-1]
+    cos, sin = (torch.empty(n, r, dtype=dtype, device=device) for _ in "cs")
+    # each value twice: [c0, c0, c1, c1, ...] or [c0, c1, ..., c0, c1, ...]
+    inter = rope.layout == "interleaved"
+    pairs, twice = ((-1, half, 2), -1) if inter else ((-1, 2, half), 1)
+    for start in range(0, n, _CHUNK):  # a block of positions at a time
+        p = flat[..., start : start + _CHUNK].to(torch.float64).unsqueeze(-1)
+        if axes:  # pair i of section a turns by p_a: Σ_a p_a Ω[a, i], one term
+            theta = (p * omega.unsqueeze(1)).sum(0)
+        else:
+            theta = p * omega  # θ[p, i] = p ω_i
+        for table, f in ((cos, torch.cos), (sin, torch.sin)):
+            value = f(theta)
+            if rope.attention != 1.0:  # YaRN, LongRoPE scale cos and sin
+                value = value * rope.attention
+            rows = table[start : start + _CHUNK].view(pairs)
+            rows.copy_(_round_once(value, dtype).unsqueeze(twice).expand(rows.shape))
+    lead = positions.shape[1:] if axes else positions.shape
+    return cos.view(*lead, r), sin.view(*lead, r)
 
 
-def _check_x(name: str, x: object, seq_dim: int = -2) -> Tensor:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating tensor (queries or keys), got dtype {x.dtype}; "
-            f"convert with {name}.float()"
-        )
-    if x.dim() < -seq_dim:
-        want = "[..., seq_len, head_dim] (e.g. [batch, heads, seq_len, head_dim])"
-        if seq_dim == -3:
-            want = "[..., seq_len, heads, head_dim] with seq_dim=-3"
-        raise ValueError(f"{name} must be {want}, got shape {tuple(x.shape)}")
-    return x
-
-
-def _tables(
-    positions: Tensor,
-    frequencies: Tensor,
-    sections: Sequence[int],
-    layout: str,
-    dtype: torch.dtype,
-    attention: float,
-) -> tuple[Tensor, Tensor]:
-    """cos and sin of θ_{p,i} = p·ω_i in float64, times ``attention``, rounded once
-    to ``dtype`` and laid out for ``layout``: each ``[*positions.shape, r]``. With
-    ``sections`` (pairs per position axis), positions are ``[axes, *shape]``, the
-    frequencies ``[axes, r / 2]`` (``_per_axis``), and the tables ``[*shape, r]``."""
-    omega = frequencies  # float64: [r / 2], or [axes, r / 2]
-    if omega.device != positions.device:
-        omega = omega.to(positions.device)
-    p = positions.to(torch.float64)
-    if sections:
-        # pair i of section a turns by the position on axis a: with Omega[a, i] =
-        # omega_i there and 0 elsewhere, theta_i = sum_a p_a Omega[a, i], exactly
-        shape = (omega.shape[0],) + (1,) * (p.dim() - 1) + (omega.shape[1],)
-        theta = (p.unsqueeze(-1) * omega.view(shape)).sum(0)
-    else:
-        theta = p.unsqueeze(-1) * omega  # theta[..., i] = p * omega_i
-    cos, sin = torch.cos(theta), torch.sin(theta)
-    if attention != 1.0:  # YaRN, LongRoPE: cos and sin scaled, as transformers does
-        cos, sin = cos * attention, sin * attention
-    if layout == "interleaved":
-        # channels (2i, 2i+1) hold pair i: [c0, c0, c1, c1, ...]
-        cos = torch.stack((cos, cos), dim=-1).flatten(-2)
-        sin = torch.stack((sin, sin), dim=-1).flatten(-2)
-    else:
-        # channels (i, i + r/2) hold pair i: [c0, c1, ..., c0, c1, ...]
-        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
-    return _round_once(cos, dtype), _round_once(sin, dtype)
-
-
-# Under torch.compile and torch.export the tables are computed by the same eager
-# kernels, called as one opaque operator: the compiled or exported program then
-# agrees bitwise with eager mode on the CPU (inductor's own sin/cos could differ in
-# the last bit of float64, which can flip a rounding to float32).
+# Under torch.compile and torch.export the tables are the same eager kernels,
+# called as one opaque operator: compiled and exported programs agree bitwise
+# with eager mode on the CPU (inductor's own float64 sin/cos may differ in the
+# last bit, which can flip a rounding to float32).
 _OP_SCHEMA = (
     "(Tensor positions, SymInt[] widths, str description, int[] sections, "
-    "str layout, ScalarType dtype, float attention) -> (Tensor, Tensor)"
+    "str layout, ScalarType dtype, int seq_len) -> (Tensor, Tensor)"
 )
 
 
@@ -137,11 +124,12 @@ def _tables_described(
     sections: Sequence[int],
     layout: str,
     dtype: torch.dtype,
-    attention: float,
+    seq_len: int,
 ) -> tuple[Tensor, Tensor]:
-    """``_tables`` for frequencies given by their description (``_Rope``)."""
-    omega = _frequencies_of(widths, description, None, sections)
-    return _tables(positions, omega, sections, layout, dtype, attention)
+    """``_tables_at`` for the settings that ``_Rope.description`` names."""
+    rope = _Rope.from_description(description, widths, sections, layout)
+    length = None if seq_len < 0 else seq_len
+    return _tables_at(rope, positions, dtype, length, traced=False)
 
 
 if hasattr(torch.library, "custom_op"):  # torch >= 2.4
@@ -151,232 +139,15 @@ if hasattr(torch.library, "custom_op"):  # torch >= 2.4
 
     @_tables_op.register_fake
     def _(
-        positions: Tensor,
-        widths: Sequence[int],
-        description: str,
-        sections: Sequence[int],
-        layout: str,
-        dtype: torch.dtype,
-        attention: float,
+        positions: Tensor, widths: Sequence[int], *rest: Any
     ) -> tuple[Tensor, Tensor]:
+        _, sections, _, dtype, _ = rest  # description, sections, layout, dtype, length
         lead = positions.shape[1:] if sections else positions.shape
-        shape = (*lead, sum(widths))
-        return positions.new_empty(shape, dtype=dtype), positions.new_empty(
-            shape, dtype=dtype
-        )
+        cos = positions.new_empty((*lead, sum(widths)), dtype=dtype)
+        return cos, torch.empty_like(cos)
 
 else:  # older torch: traced like any other code (agrees to rounding, not bitwise)
     _tables_op = _tables_described
-
-
-def _compute_tables(
-    rope: _Rope, positions: Tensor, dtype: torch.dtype, seq_len: int | None
-) -> tuple[Tensor, Tensor]:
-    """``rope``'s tables at ``positions`` for a sequence of ``seq_len`` tokens; one
-    operator while tracing (compile, export)."""
-    if not torch.compiler.is_compiling():
-        omega = rope.frequencies_at(seq_len)
-        return _tables(
-            positions, omega, rope.sections, rope.layout, dtype, rope.attention
-        )
-    _check_traceable(rope)
-    widths, sections = list(rope.widths), list(rope.sections)
-    return _tables_op(
-        positions, widths, rope.description, sections, rope.layout, dtype,
-        rope.attention,
-    )  # fmt: skip
-
-
-def _check_traceable(rope: _Rope) -> None:
-    """Raise while torch.compile or torch.export traces a type whose frequencies
-    follow the sequence at run time (dynamic, longrope): checked before the length
-    is read, a data-dependent value."""
-    if torch.compiler.is_compiling() and not rope.static:
-        raise ValueError(
-            f"rope_type {rope.params['rope_type']!r} changes its frequencies with the "
-            "sequence length at run time, which torch.compile and torch.export cannot "
-            "follow; run it eagerly, or compile a model with a fixed rope_type"
-        )
-
-
-def _seq_len(positions: Tensor) -> int:
-    """The largest position + 1 (a host sync, as in transformers' dynamic update)."""
-    return int(positions.max()) + 1 if positions.numel() else 0
-
-
-def _swap_pairs(x: Tensor, layout: str) -> Tensor:
-    """The two channels of every pair exchanged, (a, b) -> (b, a): ``[..., r]``."""
-    if layout == "interleaved":  # [..., (r/2, 2)]
-        a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack((b, a), dim=-1).flatten(-2)
-    return torch.roll(x, x.shape[-1] // 2, -1)  # [..., (2, r/2)]: the halves, one op
-
-
-def _sign(r: int, layout: str, dtype: torch.dtype, device: Any) -> Tensor:
-    """-1 on the first channel of each pair, +1 on the second: ``[r]``."""
-    sign = torch.ones(r, dtype=dtype, device=device)
-    (sign[0::2] if layout == "interleaved" else sign[: r // 2]).neg_()
-    return sign
-
-
-def _turn_pairs(x: Tensor, layout: str) -> Tensor:
-    """Every pair (a, b) turned to (-b, a): ``[..., r] -> [..., r]`` (transformers'
-    and rotary-embedding-torch's ``rotate_half``)."""
-    if layout == "interleaved":
-        a, b = x.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack((b.neg(), a), dim=-1).flatten(-2)
-    first, second = x.chunk(2, -1)
-    return torch.cat((second.neg(), first), dim=-1)
-
-
-def _rotate(
-    x: Tensor, cos: Tensor, sin: Tensor, sign: Tensor | None, layout: str
-) -> Tensor:
-    """Rotate pair by pair the first ``r = cos.shape[-1]`` channels of ``x``;
-    ``cos``, ``sin`` broadcast against ``x[..., :r]``, ``sign`` is ``_sign(r)`` or
-    None. float16/bfloat16 are computed in float32 and rounded once."""
-    r, width = cos.shape[-1], x.shape[-1]
-    low = x.dtype == torch.float16 or x.dtype == torch.bfloat16
-    xc = x.float() if low else x
-    xr = xc[..., :r] if r < width else xc
-    # pair (a, b) -> (a cos - b sin, b cos + a sin) = (a, b) cos + (-b, a) sin
-    if sign is None:  # the minus sign on x: one negation of half of it
-        out = xr * cos + _turn_pairs(xr, layout) * sin
-    else:  # (-b, a) sin = (b, a) (-sin, sin): the sign on the table rows instead
-        out = xr * cos + _swap_pairs(xr, layout) * (sin * sign)
-    if r < width:
-        out = torch.cat((out, xc[..., r:]), dim=-1)  # channels r.. pass through
-    return out.to(x.dtype) if low else out
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    """float16/bfloat16 inputs are rotated in float32; others in their own dtype."""
-    low = x.dtype in (torch.float16, torch.bfloat16)
-    return torch.float32 if low else x.dtype
-
-
-def _has_batch(x: Tensor, seq_dim: int) -> bool:
-    """Whether ``x`` has a batch axis in front of its sequence (and heads) axes."""
-    return x.dim() > (2 if seq_dim == -2 else 3)
-
-
-def _fit(table: Tensor, x: Tensor, seq_dim: int) -> Tensor:
-    """``[seq_len, r]`` or ``[batch, seq_len, r]`` -> broadcastable against ``x``
-    with its sequence axis at ``seq_dim`` (one table per sequence, shared by heads)."""
-    per_sequence = table.dim() == 3
-    if seq_dim == -3:
-        table = table.unsqueeze(-2)  # [..., seq_len, 1 (heads), r]
-    if per_sequence:
-        for _ in range(x.dim() - table.dim()):
-            table = table.unsqueeze(1)
-    return table
-
-
-def _layout_name(seq_dim: int) -> str:
-    return (
-        "[..., seq_len, head_dim]"
-        if seq_dim == -2
-        else "[..., seq_len, heads, head_dim]"
-    )
-
-
-def _check_positions_shape(
-    positions: Tensor, x: Tensor, seq_dim: int, axes: int, name: str = "x"
-) -> None:
-    """positions ``[seq_len]`` or ``[batch, seq_len]``; ``[axes, ...]`` for
-    multi-axis RoPE. Dims compared one by one (whole shapes would tie symbolic
-    sizes under export)."""
-    seq_len = x.shape[seq_dim]
-    lead = (axes,) if axes else ()
-    shape = positions.shape
-    k = len(lead)
-    ok = shape[:k] == lead and (
-        (positions.dim() == k + 1 and shape[k] == seq_len)
-        or (
-            positions.dim() == k + 2
-            and _has_batch(x, seq_dim)
-            and shape[k] == x.shape[0]
-            and shape[k + 1] == seq_len
-        )
-    )
-    if not ok:
-        axis = f"{axes}, " if axes else ""
-        batch = f" or [{axis}batch, seq_len]=({axis}{x.shape[0]}, {seq_len})"
-        batch = batch if _has_batch(x, seq_dim) else ""
-        what = "[axes, seq_len]" if axes else "[seq_len]"
-        raise ValueError(
-            f"positions must have shape {what}=({axis}{seq_len},){batch} ({name} is "
-            f"{_layout_name(seq_dim)}, shape {tuple(x.shape)}, seq_dim={seq_dim}), "
-            f"got {tuple(shape)}"
-        )
-
-
-def _given_tables(
-    x: Tensor,
-    cos: object,
-    sin: object,
-    rotary_dim: object,
-    seq_dim: int,
-    dtype: torch.dtype,
-) -> tuple[Tensor, Tensor]:
-    """Tables passed to ``apply_rotary``, checked against ``x`` (never broadcast
-    into another shape), in x's compute dtype and device."""
-    if (  # the common call, checked cheaply: [seq_len, r] in x's dtype and device
-        cos.__class__ is Tensor
-        and sin.__class__ is Tensor
-        and cos.dim() == 2
-        and cos.shape == sin.shape
-        and cos.shape[0] == x.shape[seq_dim]
-        and cos.shape[1] <= x.shape[-1]
-        and cos.shape[1] % 2 == 0
-        and cos.shape[1] > 0
-        and cos.dtype == sin.dtype == dtype
-        and cos.device == sin.device == x.device
-        and rotary_dim in (None, cos.shape[1])
-    ):
-        return cos, sin
-    if not (isinstance(cos, Tensor) and isinstance(sin, Tensor)):
-        raise TypeError(
-            f"cos and sin must both be tensors (from rotary_cos_sin), got "
-            f"{type(cos).__name__} and {type(sin).__name__}"
-        )
-    if cos.shape != sin.shape or not (
-        cos.is_floating_point() and sin.is_floating_point()
-    ):
-        raise ValueError(
-            f"cos and sin must be floating tensors of one shape, got "
-            f"{tuple(cos.shape)} {cos.dtype} and {tuple(sin.shape)} {sin.dtype}"
-        )
-    seq_len, r = x.shape[seq_dim], cos.shape[-1] if cos.dim() else 0
-    batch = _has_batch(x, seq_dim)
-    shared = cos.dim() == 2 and cos.shape[0] == seq_len
-    per_sequence = (
-        cos.dim() == 3
-        and batch
-        and cos.shape[0] == x.shape[0]
-        and cos.shape[1] == seq_len
-    )
-    if not (shared or per_sequence) or r % 2 or r > x.shape[-1] or r == 0:
-        forms = "[seq_len, rotary_dim]"
-        sizes = f"seq_len={seq_len}"
-        if batch:
-            forms += " or [batch, seq_len, rotary_dim]"
-            sizes = f"batch={x.shape[0]}, " + sizes
-        raise ValueError(
-            f"cos and sin must be {forms} with {sizes} and an even rotary_dim <= "
-            f"head_dim={x.shape[-1]} (x is {_layout_name(seq_dim)}, shape "
-            f"{tuple(x.shape)}, seq_dim={seq_dim}), got {tuple(cos.shape)}; Hugging "
-            "Face's [batch, seq_len, head_dim] tables fit as they are, unsqueezed "
-            "ones do not"
-        )
-    if rotary_dim is not None and rotary_dim != r:
-        raise ValueError(
-            f"rotary_dim={rotary_dim} does not match the tables' last dimension {r}; "
-            "leave rotary_dim=None when passing cos and sin"
-        )
-    if {cos.dtype, sin.dtype} != {dtype} or {cos.device, sin.device} != {x.device}:
-        cos, sin = cos.to(x.device, dtype), sin.to(x.device, dtype)
-    return cos, sin
 
 
 def rotary_cos_sin(
@@ -393,33 +164,29 @@ def rotary_cos_sin(
 ) -> tuple[Tensor, Tensor]:
     """The cosine and sine tables of rotary position embeddings.
 
-    The angle of pair i at position p is θ_{p,i} = p·ω_i, with ω_i from
-    :func:`rotary_frequencies` (base^(-2i/r) unless ``scaling`` says otherwise, r =
-    ``rotary_dim``). Angles, cosines and sines are computed in float64, multiplied
-    by the attention factor of ``scaling`` (YaRN, LongRoPE; 1 otherwise, as
-    transformers does) and rounded once to ``dtype``: float32 tables are within
-    2^-24 (absolute, per unit of attention factor) of the exact values at every
-    position below 2^24; float16/bfloat16 tables are the float64 values rounded once.
-
-    For Hugging Face models (Llama, Mistral, Qwen, Phi, GPT-NeoX checkpoints) pass
-    ``layout="half"`` and ``positions`` as ``position_ids [batch, seq_len]``: the
-    tables are then ``[batch, seq_len, head_dim]``, exactly the ``cos, sin`` that
-    transformers' ``apply_rotary_pos_emb(q, k, cos, sin)`` takes.
+    The angle of pair i at position p is θ_{p,i} = p·ω_i, ω_i from
+    :func:`rotary_frequencies` (base^(-2i/r), r = ``rotary_dim``, unless ``scaling``
+    says otherwise), in float64, times the attention factor of ``scaling`` (YaRN,
+    LongRoPE), rounded once to ``dtype``: float32 tables are within 2^-24 (per unit
+    of attention factor) of the exact values at every position below 2^24. With
+    ``position_ids [batch, seq_len]`` they are the ``[batch, seq_len, head_dim]``
+    ``cos, sin`` of transformers' ``apply_rotary_pos_emb``.
 
     Args:
         positions: an int ``n`` (positions ``0, ..., n-1``) or an integer tensor of
             any shape ``[*]`` holding non-negative positions; multi-axis RoPE
             (``axes_dim`` or ``scaling['mrope_section']``): ``[axes, *]``, e.g.
-            ``[3, batch, seq_len]`` for Qwen2-VL or Flux's ``ids.T``.
+            ``[3, batch, seq_len]`` for Qwen2-VL or Flux's ``ids.T``, or ``[batch,
+            seq_len]`` for the same position on every axis (transformers' text).
         head_dim: channels per attention head, a positive even int.
-        base: the base of the frequency progression, a number > 1; default 10000.0,
-            or ``scaling['rope_theta']``.
-        dtype: floating dtype of the tables.
-        device: device of the tables; default: that of ``positions`` (CPU for an int).
-        layout: ``"interleaved"`` (pair i on channels 2i, 2i+1: RoFormer, GPT-J,
-            Meta's original Llama code, Flux, EVA/timm) or ``"half"`` (pair i on
-            channels i, i + r/2: GPT-NeoX and every Hugging Face checkpoint
-            converted to ``rotate_half``).
+        base: the base of the frequencies, a number > 1; default 10000.0, or
+            ``scaling['rope_theta']``.
+        dtype, device: of the tables; default float32, and the positions' device.
+        layout: ``"interleaved"``, pair i on channels (2i, 2i+1): RoFormer, Meta's
+            original Llama code, GPT-J, CodeGen, Cohere, GLM, ERNIE 4.5, Helium,
+            DeepSeek-V3 with ``rope_interleave``, Flux, EVA/timm; or ``"half"``,
+            pair i on channels (i, i + r/2): Llama, Mistral, Qwen, Phi and GPT-NeoX
+            in transformers (``rotate_half``).
         rotary_dim: number of rotated channels (the first ones), even and
             <= ``head_dim``; default ``head_dim`` (or ``partial_rotary_factor``).
         scaling: a Hugging Face ``rope_parameters`` / ``rope_scaling`` dict (see
@@ -430,42 +197,20 @@ def rotary_cos_sin(
             own channels (diffusers' Flux ``axes_dim``, timm's EVA grid: [r/2, r/2]).
 
     Returns:
-        ``(cos, sin)``, each of shape ``[n, rotary_dim]`` for an int,
-        ``[*positions.shape, rotary_dim]`` for a tensor (``[*]`` without the axes
-        for multi-axis); ``cos[..., c]``, ``sin[..., c]`` are cos θ and sin θ of the
-        pair that channel c belongs to, times the attention factor.
+        ``(cos, sin)``, each ``[n, rotary_dim]`` for an int, ``[*positions.shape,
+        rotary_dim]`` for a tensor (without the axes for multi-axis): cos θ and
+        sin θ of the pair each channel belongs to, times the attention factor.
     """
     head_dim = check_even("head_dim", head_dim, "channels per head", "128")
-    rope = _Rope(
+    rope = _rope(
         head_dim, base=base, layout=layout, rotary_dim=rotary_dim, scaling=scaling,
         axes_dim=axes_dim,
     )  # fmt: skip
     dtype = check_dtype(dtype)
-    _check_traceable(rope)
-    if isinstance(positions, Tensor):
-        _check_positions(positions)
-        if rope.sections and not (
-            positions.dim() >= 2 and positions.shape[0] == len(rope.sections)
-        ):
-            raise ValueError(
-                f"multi-axis RoPE ({len(rope.sections)} axes) needs positions "
-                f"[{len(rope.sections)}, ...], got shape {tuple(positions.shape)}"
-            )
-        if device is not None:
-            positions = positions.to(device)
-    else:
-        fix = "pass e.g. positions=128 or positions=torch.arange(128)"
-        n = check_int("positions", positions, fix)
-        if n < 0:
-            raise ValueError(f"positions must be >= 0 when given as a count n, got {n}")
-        if rope.sections:
-            raise ValueError(
-                f"multi-axis RoPE needs positions [{len(rope.sections)}, ...] (one "
-                f"row per axis), got the count {n}"
-            )
-        positions = torch.arange(n, device=device)
-    seq_len = None if rope.static else _seq_len(positions)
-    return _compute_tables(rope, positions, dtype, seq_len)
+    rope.check_traceable()
+    positions = _table_positions(positions, rope, device)
+    seq_len = _length(positions) if rope.dynamic else None
+    return _tables_at(rope, positions, dtype, seq_len)
 
 
 def apply_rotary(
@@ -484,18 +229,18 @@ def apply_rotary(
     """Rotary position embedding: rotate each channel pair of ``x`` by its angle.
 
     Pair i of the token at position p, channels (a, b) of ``layout``, becomes
-    (x_a·cos θ − x_b·sin θ, x_b·cos θ + x_a·sin θ) with θ = p·ω_i (see
+    (a·cos θ − b·sin θ, b·cos θ + a·sin θ) with θ = p·ω_i (see
     :func:`rotary_cos_sin`); the channels from ``rotary_dim`` on pass through
     unchanged. Applied to queries and keys, the score ⟨q_m, k_n⟩ then depends on
-    m − n only. Use ``layout="half"`` for Hugging Face, GPT-NeoX and Llama
-    checkpoints in the transformers format.
+    m − n only.
 
-    The tables are computed in float64 and rounded once. float32 ``x``: each output
-    is within (2 + 1/√2)·2^-24·‖(x_a, x_b)‖ of the exact rotation (times the
-    attention factor) at every position below 2^24 (≤ 10^-6 for pairs of norm
-    ≤ 6). float16/bfloat16 ``x``: rotated in float32 and rounded once, so within
-    half a unit in the last place (at the magnitude of the exact value plus e)
-    plus e, where e is that float32 bound.
+    float32 ``x``: each output is within (2 + 1/√2)·2^-24·‖(a, b)‖ of the exact
+    rotation (times the attention factor) at every position below 2^24.
+    float16/bfloat16 ``x``: rotated in float32 and rounded once, so within half a
+    unit in the last place (at the magnitude of the exact value plus e) plus e, e
+    that float32 bound. Positions are checked (>= 0) on CPU tensors in eager
+    mode; compiled calls skip the value checks, and no call reads a GPU tensor
+    back to the host, except dynamic NTK's largest position (as transformers).
 
     Args:
         x: queries or keys, ``[..., seq_len, head_dim]`` (e.g. ``[batch, heads,
@@ -505,7 +250,8 @@ def apply_rotary(
             (positions ``offset, ..., offset+seq_len-1``: decoding with a KV cache),
             or an integer tensor ``[seq_len]`` or ``[batch, seq_len]`` (per sequence:
             packing, left padding; shared by the heads); multi-axis RoPE:
-            ``[axes, seq_len]`` or ``[axes, batch, seq_len]``.
+            ``[axes, seq_len]`` or ``[axes, batch, seq_len]``, or ``[batch,
+            seq_len]`` for the same position on every axis (batch != axes).
         cos: instead of positions, precomputed tables (:func:`rotary_cos_sin`, or
             Hugging Face's ``[batch, seq_len, head_dim]``), ``[seq_len, r]`` or
             ``[batch, seq_len, r]``, any floating dtype; ``layout`` must match. Any
@@ -518,106 +264,95 @@ def apply_rotary(
     Returns:
         Tensor of ``x``'s shape, dtype and device.
     """
-    if (
-        seq_dim.__class__ is not int
-        or seq_dim != -2
-        or x.__class__ is not Tensor
-        or x.dim() < 2
-    ):
-        seq_dim = _check_seq_dim(seq_dim)
-        x = _check_x("x", x, seq_dim)
-    elif not x.is_floating_point():
-        x = _check_x("x", x, seq_dim)  # raises, naming the dtype
-    if layout not in ROTARY_LAYOUTS:
-        check_choice("layout", layout, ROTARY_LAYOUTS)
-    dtype = _compute_dtype(x)
+    seq_dim = _check_seq_dim(seq_dim)
+    _check_inputs(x, None, None, seq_dim)
     if cos is not None or sin is not None:
-        if positions is not None:
-            raise ValueError(
-                "pass either positions or cos and sin, not both: the tables already "
-                "hold the angles of every position"
-            )
-        if base is not None or scaling is not None or axes_dim is not None:
-            given = (("base", base), ("scaling", scaling), ("axes_dim", axes_dim))
-            unused = [name for name, value in given if value is not None]
-            raise ValueError(
-                f"{', '.join(unused)} describe(s) how tables are computed, but cos and "
-                "sin were given: pass them to rotary_cos_sin instead"
-            )
-        cos, sin = _given_tables(x, cos, sin, rotary_dim, seq_dim, dtype)
-    else:
-        if rotary_dim is None and x.shape[-1] % 2:
-            raise ValueError(
-                f"x's last dimension (head_dim) must be even to rotate all channels "
-                f"in pairs, got shape {tuple(x.shape)}; pass an even rotary_dim < "
-                f"{x.shape[-1]} to rotate only the first channels"
-            )
-        rope = _Rope(
-            x.shape[-1], base=base, layout=layout, rotary_dim=rotary_dim,
+        check_choice("layout", layout, ROTARY_LAYOUTS)
+        cos, sin = _given_tables(
+            x, cos, sin, rotary_dim, seq_dim, positions=positions, base=base,
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
-        _check_traceable(rope)
-        if isinstance(positions, Tensor):
-            _check_positions(positions)
-            _check_positions_shape(positions, x, seq_dim, len(rope.sections))
-            p = positions.to(x.device)
-            seq_len = None if rope.static else _seq_len(p)
-        else:
-            offset = check_offset(0 if positions is None else positions, "positions")
-            if rope.sections:
-                raise ValueError(
-                    f"multi-axis RoPE needs positions [{len(rope.sections)}, seq_len] "
-                    f"or [{len(rope.sections)}, batch, seq_len] (one row per axis), "
-                    f"got {positions!r}"
-                )
-            p = torch.arange(offset, offset + x.shape[seq_dim], device=x.device)
-            seq_len = offset + x.shape[seq_dim]
-        cos, sin = _compute_tables(rope, p, dtype, seq_len)
-    # measured: for small x (a decoding step) negating half of x is one operation
-    # fewer than building the sign vector; for large x the sign on the table is a pass
-    # over x fewer
-    large = torch.compiler.is_compiling() or x.numel() > _STACK_LIMIT
-    sign = _sign(cos.shape[-1], layout, dtype, x.device) if large else None
-    if seq_dim == -3 or cos.dim() == 3:
-        cos, sin = _fit(cos, x, seq_dim), _fit(sin, x, seq_dim)
-    return _rotate(x, cos, sin, sign, layout)
+        return _rotate(x, cos, sin, layout, seq_dim)
+    if rotary_dim is None and x.shape[-1] % 2:
+        raise ValueError(
+            f"x's last dimension (head_dim) must be even to rotate all channels in "
+            f"pairs, got shape {tuple(x.shape)}; pass an even rotary_dim < "
+            f"{x.shape[-1]} to rotate only the first channels"
+        )
+    rope = _rope(
+        x.shape[-1], base=base, layout=layout, rotary_dim=rotary_dim,
+        scaling=scaling, axes_dim=axes_dim,
+    )  # fmt: skip
+    rope.check_traceable()
+    dtype = torch.float32 if x.dtype in _HALF else x.dtype
+    if isinstance(positions, Tensor):
+        positions = _check_positions(positions, rope)
+        _check_inputs(x, None, None, seq_dim, positions, rope)
+        seq_len = _length(positions) if rope.dynamic else None
+        positions = positions.to(x.device)
+    else:
+        offset = _check_offset(
+            0 if positions is None else positions, None, rope, "positions"
+        )
+        seq_len = offset + x.shape[seq_dim]
+        positions = torch.arange(offset, seq_len, device=x.device)
+        seq_len = seq_len if rope.dynamic else None
+    cos, sin = _tables_at(rope, positions, dtype, seq_len)
+    return _rotate(x, cos, sin, layout, seq_dim)
 
 
-#: q and k of at most this many elements each are rotated together (decoding steps)
-_STACK_LIMIT = 1 << 16
+# torch.export sets is_exporting(); torch < 2.4 lacks it (then any compile counts).
+_is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
+
+
+@_assume_constant_result
+def _fill_cache(
+    module: RotaryEmbedding, device: torch.device, dtype: torch.dtype, mark: bool
+) -> bool:
+    """Build ``module``'s table of positions ``0 .. max_len-1`` for (device, dtype)
+    once, outside inference mode (for autograd later). Under torch.compile dynamo
+    runs this eagerly while tracing; the graph reads the table, marked static."""
+    key = (device, dtype)
+    if key not in module._tables:
+        with torch.inference_mode(False):
+            positions = torch.arange(module._cached_len, device=device)
+            module._tables[key] = _tables_at(module._rope, positions, dtype)
+    if mark:
+        for table in module._tables[key]:
+            torch._dynamo.mark_static_address(table)
+    return True
 
 
 class RotaryEmbedding(nn.Module):
     """Rotary position embeddings for queries and keys, with a cached table.
 
     ``forward(q, k)`` returns ``apply_rotary(q)`` and ``apply_rotary(k)`` with this
-    module's settings, bitwise equal to them; ``rotate(x)`` rotates one tensor (keys
-    before they enter a cache, at their own offset). The cosine and sine tables of
-    positions ``0 .. max_len-1`` are cached per (device, compute dtype) in a plain
-    dict, as in :class:`PositionalEncoding`: nothing in ``state_dict``, nothing for
-    ``DistributedDataParallel`` to broadcast, dropped from pickles. Other positions
-    are computed on the fly (same values), so any length works.
+    module's settings, bitwise; ``rotate(x)`` rotates one tensor. The tables of
+    positions ``0 .. max_len-1`` are cached per (device, dtype) in a plain dict:
+    nothing in ``state_dict``, dropped from pickles, built outside inference mode.
+    The settings are read-only attributes: the cached tables follow them.
 
-    For a Hugging Face checkpoint (Llama, Mistral, Qwen, Phi, GPT-NeoX) pass
-    ``layout="half"``, ``base=config.rope_theta`` and ``scaling=`` the config's
-    ``rope_parameters`` (or ``rope_scaling``) dict. ``dynamic`` NTK follows
-    transformers' ``dynamic_rope_update``: the module keeps the longest sequence
-    seen since it last fell back below ``max_position_embeddings`` and uses its
-    frequencies; ``longrope`` switches to its long factors for any call whose
-    largest position is past the original context (both eager only).
+    The default layout, ``"interleaved"``, is that of the mathematics and of
+    RoFormer, and a model trained with posenc keeps it; a checkpoint fixes its own:
+    :meth:`from_hf_config` reads it from a transformers config.
+
+    ``dynamic`` NTK keeps, as transformers' ``dynamic_rope_update``, the longest
+    sequence seen since it last fell back below ``max_position_embeddings``. It is
+    updated one call at a time, but calls from several threads see the order the
+    threads' timing gives them: give each thread its own module where that
+    matters. It reads the largest position on the host, which torch.compile cannot
+    trace:
+    with ``fullgraph=True`` a compiled call raises a ValueError; without, dynamo
+    breaks the graph and the call runs as in eager mode (same result and state).
+    ``longrope`` takes its long factors for a call whose largest position is past
+    the original context, on the device (``torch.where``, as transformers): it
+    compiles with ``fullgraph=True``. Compiled calls skip the value checks.
 
     Args:
         head_dim: channels per attention head, a positive even int.
-        base: the base of the frequency progression, a number > 1; default 10000.0,
-            or ``scaling['rope_theta']``.
-        layout: ``"interleaved"`` or ``"half"`` (see :func:`rotary_cos_sin`).
-        rotary_dim: number of rotated channels (the first ones), even and
-            <= ``head_dim``; default ``head_dim`` (or ``partial_rotary_factor``).
+        base, layout, rotary_dim, scaling, axes_dim: as in :func:`rotary_cos_sin`
+            (several axes: positions are then ``[axes, ...]``).
         max_len: number of positions whose tables are cached, a positive int.
-        scaling: a Hugging Face ``rope_parameters`` dict (:func:`rotary_frequencies`;
-            ``mrope_section`` for Qwen2-VL's multi-axis RoPE).
-        axes_dim: channels per position axis, each with its own frequencies (Flux,
-            EVA/timm 2-D grids); positions are then ``[axes, ...]``.
 
     Shape:
         - q: ``[..., heads, seq_len, head_dim]``, e.g. ``[batch, heads, seq_len,
@@ -625,6 +360,15 @@ class RotaryEmbedding(nn.Module):
           k: the same, with as many or fewer heads (grouped-query attention).
         - output: ``(q, k)`` rotated, with their shapes, dtypes and device.
     """
+
+    head_dim, rotary_dim = _setting("head_dim"), _setting("rotary_dim")
+    layout, base, rope_type = (
+        _setting("layout"),
+        _setting("base"),
+        _setting("rope_type"),
+    )
+    axes_dim, max_len = _setting("axes_dim"), _setting("max_len")
+    attention_factor = _setting("attention_factor")  # YaRN, LongRoPE; else 1.0
 
     def __init__(
         self,
@@ -638,193 +382,142 @@ class RotaryEmbedding(nn.Module):
         axes_dim: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
-        self.head_dim = check_even("head_dim", head_dim, "channels per head", "128")
-        self._rope = _Rope(
-            self.head_dim, base=base, layout=layout, rotary_dim=rotary_dim,
+        head_dim = check_even("head_dim", head_dim, "channels per head", "128")
+        rope = _rope(
+            head_dim, base=base, layout=layout, rotary_dim=rotary_dim,
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
-        self.rotary_dim, self.layout = self._rope.rotary_dim, self._rope.layout
-        self.base = self._rope.params["rope_theta"]
-        self.rope_type = self._rope.params["rope_type"]
-        self.axes_dim = list(axes_dim) if axes_dim is not None else None
-        self.max_len = check_count(
+        max_len = check_count(
             "max_len", max_len, 1, "5000", "the number of cached positions"
         )
-        #: the factor the tables are multiplied by (YaRN, LongRoPE; else 1.0)
-        self.attention_factor = self._rope.attention
-        # dynamic NTK: the longest sequence kept; longrope: the last call's length
-        self._seq_len: int | None = None
-        # (device, compute dtype) -> (cos, sin, sign): [max_len, r], [max_len, r], [r];
-        # the sign vector of the rotation is kept with them, and alone in _signs
-        self._tables: dict[
-            tuple[torch.device, torch.dtype], tuple[Tensor, Tensor, Tensor]
-        ] = {}
-        self._signs: dict[tuple[torch.device, torch.dtype], Tensor] = {}
+        self._rope = rope
+        self._settings = {
+            "head_dim": head_dim, "rotary_dim": rope.rotary_dim,
+            "layout": rope.layout, "base": rope.params["rope_theta"],
+            "rope_type": rope.params["rope_type"], "max_len": max_len,
+            "axes_dim": list(axes_dim) if axes_dim is not None else None,
+            "attention_factor": rope.attention,
+        }  # fmt: skip
+        # longrope: the cached (short) table stops at the original length
+        self._cached_len = min(max_len, rope.switch or max_len)
+        # dynamic NTK: the longest sequence kept (None: the original frequencies);
+        # longrope: the last call's length
+        self._seq_len: int | Tensor | None = None
+        self._lock = threading.Lock()  # dynamic NTK's state, one update at a time
+        # (device, dtype) -> (cos, sin), each [max_len, rotary_dim]
+        self._tables: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
+
+    @classmethod
+    def from_hf_config(cls, config: Any, **kwargs: Any) -> RotaryEmbedding:
+        """A module for a transformers checkpoint: head_dim, rotated channels, base,
+        scaling and its q/k layout, from ``config`` and the installed transformers
+        (``posenc.hf.rotary_embedding_from_config(config, **kwargs)``)."""
+        from posenc.hf import rotary_embedding_from_config
+
+        return rotary_embedding_from_config(config, **kwargs)
 
     def extra_repr(self) -> str:
-        text = (
-            f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, "
-            f"base={self.base}, layout={self.layout!r}, max_len={self.max_len}"
+        names = ["head_dim", "rotary_dim", "base", "layout", "max_len", "rope_type"]
+        names = names if self.rope_type != "default" else names[:-1]
+        text = ", ".join(f"{name}={self._settings[name]!r}" for name in names)
+        return text + (
+            f", sections={list(self._rope.sections)}" * bool(self._rope.sections)
         )
-        if self.rope_type != "default":
-            text += f", rope_type={self.rope_type!r}"
-        if self._rope.sections:
-            text += f", sections={list(self._rope.sections)}"
-        return text
 
     @property
     def frequencies(self) -> Tensor:
-        """The float64 ω_i in use, ``[rotary_dim / 2]`` (dynamic and longrope: those
-        of the last call)."""
-        return self._rope.frequencies_at(self._seq_len, per_axis=False)
+        """A copy of the float64 ω_i in use, ``[rotary_dim / 2]`` (dynamic NTK: after
+        the last call's update; longrope: those of the last call)."""
+        n = self._seq_len
+        omega = self._rope.frequencies(int(n) if n is not None else None)
+        return (omega.sum(0) if self._rope.sections else omega).clone()
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_tables"], state["_signs"] = {}, {}  # derived data: never pickled
-        return state
+    def __getstate__(self) -> dict[str, Any]:  # pickles keep no table and no lock
+        state = {k: v for k, v in super().__getstate__().items() if k != "_lock"}
+        return {**state, "_tables": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._tables, self._signs = {}, {}
+        self._lock = threading.Lock()
 
-    def _adapt(self, seq_len: int) -> int | None:
-        """The sequence length the frequencies follow for a call whose largest
-        position is ``seq_len - 1`` (dynamic, longrope; None for the others)."""
-        rope_type = self.rope_type
-        if rope_type == "longrope":  # stateless: the length of this call
-            self._seq_len = seq_len
-            return seq_len
-        if rope_type != "dynamic":
-            return None
-        # transformers' dynamic_frequency_update: grow, or reset below the original
-        original = self._rope.params["max_position_embeddings"]
-        kept = self._seq_len or original
-        if seq_len > kept:
-            kept = seq_len
-        if seq_len < original and kept > original:
-            kept = original
-        self._seq_len = kept if kept > original else None
-        return kept
+    def _rows(
+        self,
+        offset: object,
+        positions: Tensor | None,
+        length: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> tuple[Tensor, Tensor]:
+        """The tables of ``positions``, or of ``offset .. offset + length - 1``:
+        ``[*positions.shape, r]`` (several axes: without the axes) or ``[length, r]``."""
+        rope, compiling = self._rope, torch.compiler.is_compiling()
+        rope.check_traceable()
+        offset = _check_offset(offset, positions, rope, "offset")
+        if positions is not None:
+            end = _length(positions) if rope.dynamic else None
+            if rope.switch and not compiling and positions.numel():
+                self._seq_len = positions.max() + 1  # read when asked for
+            positions = positions.to(device)
+        else:
+            end = offset + length
+            if rope.switch and not compiling:
+                self._seq_len = end
+        seq_len = None
+        if rope.dynamic and end is not None:
+            # transformers' dynamic_frequency_update: grow past the longest sequence
+            # kept; fall back to the original below the original length
+            original = rope.params["max_position_embeddings"]
+            with self._lock:
+                kept = max(self._seq_len or original, end)
+                if end < original:
+                    kept = original
+                self._seq_len = seq_len = kept if kept > original else None
+        elif rope.dynamic:
+            seq_len = self._seq_len  # no values to read (meta): the kept length
+        if positions is None:
+            exporting = compiling and _is_exporting()  # first: no guard on `end`
+            if not exporting and seq_len is None and end <= self._cached_len:
+                _fill_cache(self, device, dtype, compiling)
+                cos, sin = self._tables[device, dtype]
+                return cos[offset:end], sin[offset:end]
+            positions = torch.arange(offset, end, device=device)
+        return _tables_at(rope, positions, dtype, seq_len)
 
     def cos_sin(
         self,
         positions: int | Tensor,
+        x: Tensor | None = None,
         *,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> tuple[Tensor, Tensor]:
         """This module's tables, those ``forward`` rotates with.
 
-        With ``position_ids [batch, seq_len]`` and ``layout="half"`` they are the
-        ``[batch, seq_len, head_dim]`` tables transformers' ``apply_rotary_pos_emb``
-        takes (as ``LlamaRotaryEmbedding(x, position_ids)`` returns them, with this
-        module's exact values; dynamic NTK updates its length as ``forward`` does).
+        Called as transformers' ``rotary_emb(x, position_ids)`` they are the
+        ``[batch, seq_len, rotary_dim]`` tables of ``apply_rotary_pos_emb``, in x's
+        dtype, on its device (dynamic NTK updates its length as ``forward`` does).
+
+        Args:
+            positions: an int ``n`` (positions ``0 .. n-1``) or an integer tensor
+                ``[*]`` (several axes: ``[axes, *]``; M-RoPE: ``[batch, seq_len]``).
+            x: optional tensor (e.g. the hidden states) whose dtype and device the
+                tables take, unless ``dtype`` or ``device`` is given (default:
+                float32, the positions' device).
 
         Returns:
             ``(cos, sin)``, each ``[n, rotary_dim]`` for an int ``n``,
             ``[*positions.shape, rotary_dim]`` for a tensor (multi-axis: without
             the leading axes dimension).
         """
-        dtype = check_dtype(dtype)
-        _check_traceable(self._rope)
-        if not isinstance(positions, Tensor):
-            fix = "pass e.g. positions=128 or position_ids [batch, seq_len]"
-            n = check_int("positions", positions, fix)
-            if n < 0:
-                raise ValueError(
-                    f"positions must be >= 0 when given as a count n, got {n}"
-                )
-            positions = torch.arange(n, device=device)
-        _check_positions(positions)
-        positions = positions.to(device) if device is not None else positions
-        axes = len(self._rope.sections)
-        if axes and not (positions.dim() >= 2 and positions.shape[0] == axes):
-            raise ValueError(
-                f"multi-axis RoPE ({axes} axes) needs positions [{axes}, ...], got "
-                f"shape {tuple(positions.shape)}"
-            )
-        seq_len = self._adapt(_seq_len(positions)) if not self._rope.static else None
-        return _compute_tables(self._rope, positions, dtype, seq_len)
-
-    def _table(
-        self, device: torch.device, dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        key = (device, dtype)
-        tables = self._tables.get(key)
-        if tables is None:
-            positions = torch.arange(self.max_len, device=device)
-            cos, sin = _compute_tables(self._rope, positions, dtype, None)
-            tables = self._tables[key] = (cos, sin, self._sign(device, dtype))
-        return tables
-
-    def _sign(self, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """``_sign`` for this module's width and layout, kept per (device, dtype)."""
-        if torch.compiler.is_compiling():  # a constant of the graph
-            return _sign(self.rotary_dim, self.layout, dtype, device)
-        sign = self._signs.get((device, dtype))
-        if sign is None:
-            sign = _sign(self.rotary_dim, self.layout, dtype, device)
-            self._signs[device, dtype] = sign
-        return sign
-
-    def _rows(
-        self, x: Tensor, offset: object, positions: object, seq_dim: int, name: str
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """The table rows for ``x`` (fitted to it) and the sign vector."""
-        dtype, rope = _compute_dtype(x), self._rope
-        _check_traceable(rope)
-        if positions is None:
-            offset = check_offset(offset)
-            if rope.sections:
-                axes = len(rope.sections)
-                raise ValueError(
-                    f"multi-axis RoPE needs positions=[{axes}, seq_len] or [{axes}, "
-                    f"batch, seq_len] (one row per axis), not an offset"
-                )
-            end = offset + x.shape[seq_dim]
-            seq_len = None if rope.static else self._adapt(end)
-            compiling = torch.compiler.is_compiling()
-            if (
-                not (compiling and _is_exporting())  # first: no guard on `end`
-                and (seq_len is None or rope.initial(seq_len))
-                and end <= self.max_len
-            ):
-                if compiling:
-                    # torch.compile: the table is built while tracing, outside the
-                    # graph, and read by the graph as an input
-                    _build_table_outside_graph(self, x.device, dtype)
-                cos, sin, sign = self._table(x.device, dtype)
-                if end - offset == 1:  # a decoding step: one row [r], broadcast
-                    cos, sin = cos[offset], sin[offset]
-                else:
-                    cos, sin = cos[offset:end], sin[offset:end]
-            else:  # torch.export (which holds no table), or past the cached table
-                p = torch.arange(offset, end, device=x.device)
-                cos, sin = _compute_tables(rope, p, dtype, seq_len)
-                sign = self._sign(x.device, dtype)
-            if seq_dim == -3:
-                cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-            return cos, sin, sign
-        zero = isinstance(offset, (int, torch.SymInt)) and not isinstance(offset, bool)
-        if not (zero and offset == 0):
-            raise ValueError(
-                f"pass either offset or positions, not both (got offset={offset}): "
-                "positions already give every token's position; add the offset "
-                "to them instead (positions + offset)"
-            )
-        if not isinstance(positions, Tensor):
-            raise TypeError(
-                "positions must be an integer tensor [seq_len] or [batch, seq_len] "
-                f"([axes, ...] for multi-axis RoPE), got {type(positions).__name__}"
-            )
-        _check_positions(positions)
-        _check_positions_shape(positions, x, seq_dim, len(rope.sections), name)
-        if positions.device != x.device:
-            positions = positions.to(x.device)
-        seq_len = None if rope.static else self._adapt(_seq_len(positions))
-        cos, sin = _compute_tables(rope, positions, dtype, seq_len)
-        cos, sin = _fit(cos, x, seq_dim), _fit(sin, x, seq_dim)
-        return cos, sin, self._sign(x.device, dtype)
+        if x is not None and not isinstance(x, Tensor):
+            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+        dtype = check_dtype(
+            dtype if dtype is not None else getattr(x, "dtype", torch.float32)
+        )
+        device = device if device is not None else getattr(x, "device", None)
+        batch = x.shape[0] if x is not None and x.dim() > 1 else None
+        positions = _table_positions(positions, self._rope, device, batch)
+        return self._rows(0, positions, 0, positions.device, dtype)
 
     def forward(
         self,
@@ -847,29 +540,35 @@ class RotaryEmbedding(nn.Module):
                 cache). Must be 0 when ``positions`` is given.
             positions: optional integer tensor of positions, ``[seq_len]`` (shared)
                 or ``[batch, seq_len]`` (per sequence: packing, left padding);
-                ``[axes, seq_len]`` or ``[axes, batch, seq_len]`` for multi-axis.
+                several axes: ``[axes, seq_len]``, ``[axes, batch, seq_len]``, or
+                ``[batch, seq_len]`` (batch != axes) for the same position on every
+                axis.
             seq_dim: the axis holding the sequence, -2 or -3.
 
         Returns:
             ``(q, k)`` rotated: the shapes, dtypes and device of the inputs.
         """
-        seq_dim = _check_seq_dim(seq_dim)
-        q, k = _check_q_k(q, k, self.head_dim, seq_dim)
-        cos, sin, sign = self._rows(q, offset, positions, seq_dim, "q")
-        if (
-            not torch.compiler.is_compiling()  # first: no guard on the sizes
-            and q.shape == k.shape
-            and q.dtype == k.dtype
-            and q.numel() <= _STACK_LIMIT
-        ):
-            # a decoding step: q and k rotated as one stacked tensor, half the kernel
-            # launches; elementwise, so bitwise what rotating each one gives
-            return _rotate(torch.stack((q, k)), cos, sin, sign, self.layout).unbind(0)
-        q_out = _rotate(q, cos, sin, sign, self.layout)
-        if _compute_dtype(k) != _compute_dtype(q):  # rare: q and k of different dtypes
-            # k's own rows: q's, converted, would be rounded twice
-            cos, sin, sign = self._rows(k, offset, positions, seq_dim, "k")
-        return q_out, _rotate(k, cos, sin, sign, self.layout)
+        seq_dim, head_dim = _check_seq_dim(seq_dim), self._settings["head_dim"]
+        if positions is not None:
+            positions = _check_positions(positions, self._rope)
+        _check_inputs(q, k, head_dim, seq_dim, positions, self._rope)
+        dtype, layout = (
+            torch.float32 if q.dtype in _HALF else q.dtype,
+            self._rope.layout,
+        )
+        cos, sin = self._rows(offset, positions, q.shape[seq_dim], q.device, dtype)
+        small = not torch.compiler.is_compiling() and q.numel() <= _STACK_LIMIT
+        if small and q.shape == k.shape and q.dtype == k.dtype:
+            # a decoding step: q and k rotated as one tensor, half the kernel launches
+            qk = torch.stack((q, k))
+            return _rotate(qk, cos, sin, layout, seq_dim, q.dim()).unbind(0)
+        q_out = _rotate(q, cos, sin, layout, seq_dim)
+        k_dtype = torch.float32 if k.dtype in _HALF else k.dtype
+        if k_dtype != dtype:  # k's own rows: q's, converted, would round twice
+            cos, sin = self._rows(
+                offset, positions, k.shape[seq_dim], k.device, k_dtype
+            )
+        return q_out, _rotate(k, cos, sin, layout, seq_dim)
 
     def rotate(
         self,
@@ -883,144 +582,15 @@ class RotaryEmbedding(nn.Module):
         positions, with the arguments of :meth:`forward`.
 
         Args:
-            x: ``[..., seq_len, head_dim]`` (``seq_dim=-2``) or ``[..., seq_len,
-                heads, head_dim]`` (``seq_dim=-3``), any floating dtype.
+            x: ``[..., seq_len, head_dim]`` (or with ``seq_dim=-3``), any dtype.
 
         Returns:
             ``x`` rotated: its shape, dtype and device.
         """
-        seq_dim = _check_seq_dim(seq_dim)
-        x = _check_x("x", x, seq_dim)
-        _check_head_dim("x", x, self.head_dim)
-        cos, sin, sign = self._rows(x, offset, positions, seq_dim, "x")
-        return _rotate(x, cos, sin, sign, self.layout)
-
-
-def _check_head_dim(name: str, x: Tensor, head_dim: int) -> None:
-    if x.shape[-1] != head_dim:
-        raise ValueError(
-            f"{name}'s last dimension must be head_dim={head_dim}, got shape "
-            f"{tuple(x.shape)}; build RotaryEmbedding({x.shape[-1]}) or check "
-            "the head split ([batch, heads, seq_len, head_dim])"
-        )
-
-
-def _check_q_k(
-    q: object, k: object, head_dim: int, seq_dim: int
-) -> tuple[Tensor, Tensor]:
-    if (  # the common call, checked cheaply
-        q.__class__ is Tensor
-        and k.__class__ is Tensor
-        and q.shape == k.shape
-        and q.dim() >= -seq_dim
-        and q.shape[-1] == head_dim
-        and q.is_floating_point()
-        and k.dtype == q.dtype
-    ):
-        return q, k
-    q, k = _check_x("q", q, seq_dim), _check_x("k", k, seq_dim)
-    _check_head_dim("q", q, head_dim)
-    _check_head_dim("k", k, head_dim)
-    heads = -3 if seq_dim == -2 else -2
-    same_lead = q.dim() == k.dim() and q.shape[:-3] == k.shape[:-3]
-    heads_ok = q.dim() < 3 or (
-        k.shape[heads] > 0 and q.shape[heads] % k.shape[heads] == 0
-    )
-    if not (same_lead and q.shape[seq_dim] == k.shape[seq_dim] and heads_ok):
-        where = "[..., heads, seq_len, head_dim]"
-        if seq_dim == -3:
-            where = "[..., seq_len, heads, head_dim]"
-        raise ValueError(
-            f"q and k must be {where} with the same leading dimensions and seq_len, "
-            f"and k's heads dividing q's (grouped-query attention), got q "
-            f"{tuple(q.shape)} and k {tuple(k.shape)}"
-        )
-    return q, k
-
-
-# torch.export sets is_exporting(); torch < 2.4 lacks it (then any compile counts).
-_is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
-
-
-@_assume_constant_result
-def _build_table_outside_graph(
-    module: RotaryEmbedding, device: torch.device, dtype: torch.dtype
-) -> bool:
-    """Fill ``module``'s cache for (device, dtype) while torch.compile traces
-    ``forward``: run eagerly, outside the graph, which then reads the table."""
-    for table in module._table(device, dtype):
-        torch._dynamo.mark_static_address(table)
-    return True
-
-
-class _Rope:
-    """The checked settings of a rotary embedding: width, layout, the split of the
-    pairs over the position axes, the frequencies and the attention factor."""
-
-    def __init__(
-        self,
-        head_dim: int,
-        *,
-        base: object,
-        layout: object,
-        rotary_dim: object,
-        scaling: object,
-        axes_dim: object,
-    ) -> None:
-        self.params = _rope_parameters(scaling, base)
-        self.layout = check_choice("layout", layout, ROTARY_LAYOUTS)
-        self.rotary_dim = _rotated_width(head_dim, self.params, rotary_dim)
-        sections = self.params.get("mrope_section")
-        rope_type = self.params["rope_type"]
-        self.widths: tuple[int, ...] = (self.rotary_dim,)
-        if axes_dim is not None:
-            if sections is not None:
-                raise ValueError(
-                    "pass either axes_dim (each axis its own frequencies: Flux, "
-                    "EVA) or scaling['mrope_section'] (one set split over the axes: "
-                    "Qwen2-VL), not both"
-                )
-            self.widths = _check_axes_dim(axes_dim, self.rotary_dim)
-            if rope_type not in ("default", "linear"):
-                raise ValueError(
-                    f"axes_dim supports rope_type 'default' and 'linear', got "
-                    f"{rope_type!r}"
-                )
-            sections = [width // 2 for width in self.widths]
-        elif sections is not None and sum(sections) != self.rotary_dim // 2:
-            raise ValueError(
-                f"scaling['mrope_section'] must split the {self.rotary_dim // 2} pairs "
-                f"of the {self.rotary_dim} rotated channels, got {sections} (sum "
-                f"{sum(sections)})"
-            )
-        #: pairs per position axis, () for one axis
-        self.sections: tuple[int, ...] = tuple(sections or ())
-        #: dynamic and longrope change their frequencies with the sequence length
-        self.static = rope_type not in ("dynamic", "longrope")
-        self.attention = _attention_factor(self.params)
-        #: the parameters as a string, for the table operator under torch.compile
-        self.description = repr(_frozen(self.params))
-        self._initial: Tensor | None = None  # computed when first needed (eagerly)
-
-    def frequencies_at(self, seq_len: int | None, per_axis: bool = True) -> Tensor:
-        """float64 ω_i ``[rotary_dim / 2]`` for a sequence of ``seq_len`` tokens
-        (with several axes and ``per_axis``: ``[axes, rotary_dim / 2]``)."""
-        if self.static or seq_len is None:
-            if self._initial is None:
-                self._initial = _frequencies_of(
-                    self.widths, self.description, None, self.sections
-                )
-            omega = self._initial
-        else:
-            omega = _frequencies_of(
-                self.widths, self.description, seq_len, self.sections
-            )
-        return omega if per_axis or not self.sections else omega.sum(0)
-
-    def initial(self, seq_len: int | None) -> bool:
-        """Whether the frequencies at ``seq_len`` are the initial (cached) ones."""
-        if self.static or seq_len is None:
-            return True
-        if self.params["rope_type"] == "longrope":
-            return seq_len <= self.params["original_max_position_embeddings"]
-        return seq_len <= self.params["max_position_embeddings"]
+        seq_dim, head_dim = _check_seq_dim(seq_dim), self._settings["head_dim"]
+        if positions is not None:
+            positions = _check_positions(positions, self._rope)
+        _check_inputs(x, None, head_dim, seq_dim, positions, self._rope)
+        dtype = torch.float32 if x.dtype in _HALF else x.dtype
+        cos, sin = self._rows(offset, positions, x.shape[seq_dim], x.device, dtype)
+        return _rotate(x, cos, sin, self._rope.layout, seq_dim)
