@@ -111,3 +111,18 @@ def test_generated_files_name_the_notebook_to_edit() -> None:
 def test_directives_are_not_in_the_generated_code() -> None:
     for path in nbexport.exported(ROOT):
         assert "#|" not in path.read_text(), path
+
+
+def test_a_cell_exported_by_name_goes_to_that_module(copy_of_repo: Path) -> None:
+    # `#| export NAME` sends a cell to posenc/NAME.py (a notebook's private helper module), not to its default one
+    notebook = copy_of_repo / "book" / "01_derivation.ipynb"
+    _edit_first_cell(
+        notebook,
+        "def plain_encoding(",
+        lambda s: "#| export _extra\nEXTRA = 1\n",
+    )
+    files = nbexport.exported(copy_of_repo)
+    extra = copy_of_repo / "posenc" / "_extra.py"
+    assert extra in files and "EXTRA = 1" in files[extra]
+    assert "File to edit: book/01_derivation.ipynb" in files[extra]
+    assert "EXTRA = 1" not in files[copy_of_repo / "posenc" / "encoding.py"]

@@ -1,5 +1,7 @@
 """Export the library from the notebooks: ``#| default_exp name`` + ``#| export`` cells -> ``posenc/name.py``.
 
+A cell marked ``#| export other`` goes to ``posenc/other.py`` instead (a notebook's private helper module).
+
 Each notebook in ``book/`` that names a module with ``#| default_exp <name>`` (once) contributes its cells
 marked ``#| export`` (in order) to ``posenc/<name>.py``, headed with the notebook to edit. The directive lines
 themselves are dropped. ``__all__`` lists the public top-level names the exported cells define.
@@ -51,28 +53,8 @@ def _public_names(code: str) -> list[str]:
     return [n for n in names if not n.startswith("_")]
 
 
-def export_notebook(path: Path, root: Path = ROOT) -> tuple[str, str] | None:
-    """Return ``(module_name, module_source)`` for a notebook, or ``None`` if it exports nothing."""
-    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
-    module, parts = None, []
-    for cell in cells:
-        if cell["cell_type"] != "code":
-            continue
-        source = "".join(cell["source"])
-        directives = _directives(source)
-        if "default_exp" in directives:
-            if module is not None:
-                raise SystemExit(f"{path}: more than one '#| default_exp' cell")
-            module = directives["default_exp"]
-        if "export" in directives:
-            parts.append(_strip_directives(source))
-    if module is None:
-        if parts:
-            raise SystemExit(
-                f"{path}: '#| export' cells but no '#| default_exp <module>' cell"
-            )
-        return None
-    rel = path.relative_to(root).as_posix()
+def _module_source(module: str, parts: list[str], rel: str) -> str:
+    """The generated file of one module: header, docstring, ``__all__``, the exported cells."""
     body = "\n\n\n".join(parts)
     # `from __future__` imports must come first: hoist them above __all__.
     future = [
@@ -95,24 +77,52 @@ def export_notebook(path: Path, root: Path = ROOT) -> tuple[str, str] | None:
     all_line = "__all__ = [" + ", ".join(f'"{n}"' for n in names) + "]"
     if len(all_line) > 88:  # wrapped as `ruff format` wraps it
         all_line = "__all__ = [\n" + "".join(f'    "{n}",\n' for n in names) + "]"
-    source += all_line + "\n\n" + body + "\n"
-    return module, source
+    return source + all_line + "\n\n" + body + "\n"
+
+
+def export_notebook_modules(path: Path, root: Path = ROOT) -> dict[str, str]:
+    """Every module a notebook exports, ``{module_name: module_source}`` (empty if none).
+
+    ``#| export`` cells go to the notebook's ``#| default_exp`` module; ``#| export NAME`` cells go to
+    ``posenc/NAME.py`` (a notebook may split its code over a public module and a private one, each with its own
+    imports cell).
+    """
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    module, parts = None, {}
+    for cell in cells:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        directives = _directives(source)
+        if "default_exp" in directives:
+            if module is not None:
+                raise SystemExit(f"{path}: more than one '#| default_exp' cell")
+            module = directives["default_exp"]
+        if "export" in directives:
+            target = directives["export"] or None
+            parts.setdefault(target, []).append(_strip_directives(source))
+    if None in parts and module is None:
+        raise SystemExit(
+            f"{path}: '#| export' cells but no '#| default_exp <module>' cell"
+        )
+    rel = path.relative_to(root).as_posix()
+    return {
+        (name or module): _module_source(name or module, chunks, rel)  # type: ignore[arg-type]
+        for name, chunks in parts.items()
+    }
 
 
 def exported(root: Path = ROOT) -> dict[Path, str]:
     """Map each generated file's path (under ``root/posenc``) to the source the notebooks export."""
     out: dict[Path, str] = {}
     for nb in sorted((root / "book").glob("*.ipynb")):
-        result = export_notebook(nb, root)
-        if result is None:
-            continue
-        module, source = result
-        target = root / "posenc" / f"{module}.py"
-        if target in out:
-            raise SystemExit(
-                f"{nb}: module posenc/{module}.py is already exported by another notebook"
-            )
-        out[target] = source
+        for module, source in export_notebook_modules(nb, root).items():
+            target = root / "posenc" / f"{module}.py"
+            if target in out:
+                raise SystemExit(
+                    f"{nb}: module posenc/{module}.py is already exported by another notebook"
+                )
+            out[target] = source
     return out
 
 
