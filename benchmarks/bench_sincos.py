@@ -2,6 +2,12 @@
 
     python benchmarks/bench_sincos.py              # -> results/sincos-cpu-<date>.json
     python benchmarks/bench_sincos.py --seconds 2  # a quicker, noisier run
+    python benchmarks/bench_sincos.py --memory     # peak memory of table builds -> results/sincos-memory-<date>.json
+
+``--memory`` builds tables of 32 MiB (``MEMORY_CASES``), each in a fresh process, and records the growth of the
+process's peak resident set (``/proc/self/status``: VmHWM, reset through ``/proc/self/clear_refs``) over the
+result's size, once as posenc builds it (in chunks) and once in one block; glibc is told to return freed blocks of
+64 KiB or more at once (``MEMORY_ENV``), so that the resident set follows what torch holds.
 
 Groups (float32 results; each variant is compared with the group's baseline, diffusers, in the same rounds):
 
@@ -67,17 +73,13 @@ from benchmarks.bench import (  # noqa: E402
     paired_rounds,
 )
 from posenc import Timesteps, sincos_grid, timestep_embedding  # noqa: E402
-from posenc.sincos import (  # noqa: E402
-    _check_bool,
-    _check_freq_args,
-    _check_timesteps,
-    _values_checkable,
-)
+from posenc._checks import check_bool, values_checkable  # noqa: E402
+from posenc.sincos import _check_freq_args, _check_timesteps  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BATCH, DIM = 256, 320
 GRID, GRID_DIM = (64, 64), 1152
-#: what each group measures, as the results file and the chapter name it
+#: what each group measures, as the results file and book/16_sincos_conventions name it
 GROUPS = {
     "timestep_distinct": "timestep_embedding, 256 distinct time steps",
     "timestep_integer": "timestep_embedding, 256 integer time steps",
@@ -90,7 +92,7 @@ ANGLE_ADDITION_MAX = 2**24 - 1
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The measured alternatives (not in the package: see the chapter's speed section)
+# The measured alternatives (not in the package: see book/16_sincos_conventions, "Speed")
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -156,7 +158,7 @@ def angle_addition_embedding(
     time steps, small batches, huge steps, bad arguments) is ``posenc.timestep_embedding``. With ``t = a B + b``
     (``B = angle_addition_block(max t)``) and u = 2^-53, the float64 value is within ``u (4 t + 6 (a + b) + 3)`` of
     the exact one (the direct road: ``u (4 t + 2)``), so a float32 result is within 2^-24 of it, as posenc's
-    (the chapter derives the bound, ``tests/test_bench_sincos.py`` tests it against mpmath).
+    (book/16_sincos_conventions derives the bound, ``tests/test_bench_sincos.py`` tests it against mpmath).
     """
     t, n = timesteps, 0
     if (
@@ -166,7 +168,7 @@ def angle_addition_embedding(
         and dtype in (None, torch.float32, torch.float64)
         and t.shape[0] > 1
         and t.stride(0) != 0
-        and _values_checkable(t)
+        and values_checkable(t)
     ):
         low, high = torch.aminmax(t)
         low, high = low.item(), high.item()
@@ -179,7 +181,7 @@ def angle_addition_embedding(
             downscale_freq_shift=downscale_freq_shift, dtype=dtype,
         )  # fmt: skip
     dim, shift, _, base = _check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
-    flip = _check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
+    flip = check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
     tables = angle_addition_tables(dim // 2, shift, base, block, flip)
     return angle_addition_rows(t, tables, dim, dtype or torch.float32)
 
@@ -192,7 +194,7 @@ def _direct_road(
     channel already zero) and its sine and cosine halves ``[N, dim // 2]`` (views, in the layout's order)."""
     t = _check_timesteps(timesteps)
     dim, shift, _, base = _check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
-    flip = _check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
+    flip = check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
     half = dim // 2
     omega = torch.pow(base, -torch.arange(half, dtype=torch.float64) / (half - shift))
     out = torch.empty(t.shape[0], dim, dtype=torch.float32)
@@ -254,8 +256,8 @@ def half_angle_embedding(
 
 def make_groups() -> dict[str, dict[str, Callable[[], Any]]]:
     """The callables to time, per group; the first of each group is its baseline (diffusers)."""
-    # imported here: the module's roads (chapter 07, tests/test_bench_sincos.py) need no diffusers, whose import
-    # takes seconds
+    # imported here: the module's roads (book/16_sincos_conventions, tests/test_bench_sincos.py) need no
+    # diffusers, whose import takes seconds
     from diffusers.models.embeddings import Timesteps as DiffusersTimesteps
     from diffusers.models.embeddings import (
         get_2d_sincos_pos_embed,
@@ -390,7 +392,7 @@ def time_group(
 
 
 def rows(groups: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per group: posenc's speedup over diffusers, with quartiles (what the chapter prints)."""
+    """One row per group: posenc's speedup over diffusers, with quartiles (what book/16_sincos_conventions prints)."""
     return [
         {
             "group": key,
@@ -490,6 +492,111 @@ def run(*, seconds: float, block_s: float, threads: list[int]) -> dict[str, Any]
     }
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Peak memory of a table build
+# ----------------------------------------------------------------------------------------------------------
+
+#: Each case builds a table of 32 MiB (``setup`` runs before the measurement, ``call`` is measured).
+MEMORY_CASES = {
+    "timestep_bf16": ("t = torch.rand(16384) * 1000",
+                      "timestep_embedding(t, 1024, dtype=torch.bfloat16)"),
+    "timestep_float32": ("t = torch.rand(8192) * 1000", "timestep_embedding(t, 1024)"),
+    "timestep_expanded_bf16": ("t = torch.tensor(500.0).expand(16384)",
+                               "timestep_embedding(t, 1024, dtype=torch.bfloat16)"),
+    "grid_2d_float32": ("", "sincos_grid((128, 128), 512)"),
+    "grid_1d_bf16": ("", "sincos_grid((65536,), 256, dtype=torch.bfloat16)"),
+    "detr_float32": ("mask = torch.zeros(2, 128, 128, dtype=torch.bool); mask[1, 64:] = True",
+                     "detr_sine_encoding(mask, 128, normalize=True)"),
+}  # fmt: skip
+#: glibc returns freed blocks of 64 KiB or more to the system at once, so the resident set follows what torch
+#: holds (the process's peak resident set is the measurement)
+MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
+
+_PEAK_SCRIPT = """
+import json, sys
+sys.path.insert(0, {path!r})
+import torch
+from posenc import detr_sine_encoding, sincos_grid, timestep_embedding
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+{one_block}
+timestep_embedding(torch.rand(4), 8, dtype=torch.bfloat16)  # load the kernels
+sincos_grid((2, 2), 8), detr_sine_encoding(torch.zeros(1, 2, 2, dtype=torch.bool), 4)
+{setup}
+
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+
+
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak resident set
+base = status("VmRSS")
+out = {call}
+peak = status("VmHWM")
+print(json.dumps({{"result_bytes": out.numel() * out.element_size(), "peak_bytes": peak - base}}))
+"""
+
+
+def peak_memory(
+    setup: str, call: str, package: Path = ROOT, one_block: bool = False
+) -> dict[str, Any]:
+    """The growth of a fresh process's peak resident set while ``call`` runs (Linux), with the result's size:
+    ``{"result_bytes", "peak_bytes", "ratio"}``; ``package``: the directory posenc is imported from;
+    ``one_block``: build every table in one block (``posenc.sincos._CHUNK_BYTES`` set beyond any table)."""
+    import subprocess
+
+    block = (
+        "import posenc.sincos; posenc.sincos._CHUNK_BYTES = 2**62" if one_block else ""
+    )
+    script = _PEAK_SCRIPT.format(
+        path=str(package), setup=setup, call=call, one_block=block
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+        env={**os.environ, **MEMORY_ENV},
+    )  # fmt: skip
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found["ratio"] = round(found["peak_bytes"] / found["result_bytes"], 3)
+    return found
+
+
+def memory_run(package: Path = ROOT) -> dict[str, Any]:
+    """Every case of ``MEMORY_CASES``, measured once each in a fresh process, in chunks (posenc's build) and in
+    one block (the float64 temporaries of the whole table at once)."""
+    now = _dt.datetime.now(_dt.timezone.utc)
+    cases = {}
+    for name, (setup, call) in MEMORY_CASES.items():
+        chunked = peak_memory(setup, call, package)
+        whole = peak_memory(setup, call, package, one_block=True)
+        cases[name] = {"call": call, **chunked, "one_block": whole}
+        print(f"{name:24s} peak {chunked['ratio']:.2f} x the result in chunks, "
+              f"{whole['ratio']:.2f} x in one block", file=sys.stderr)  # fmt: skip
+    return {
+        "date": now.date().isoformat(),
+        "datetime_utc": now.isoformat(timespec="seconds"),
+        "machine": machine("cpu"),
+        "versions": {"torch": torch.__version__},
+        "allocator_env": MEMORY_ENV,
+        "cases": cases,
+    }
+
+
+def latest_memory_results(results: Path = RESULTS) -> dict[str, Any] | None:
+    """The newest ``sincos-memory-<date>.json`` in ``results``, with its path under ``"file"``; ``None`` if none."""
+    files = sorted(results.glob("sincos-memory-*.json"))
+    if not files:
+        return None
+    report = json.loads(files[-1].read_text())
+    path = files[-1].resolve()
+    report["file"] = (
+        path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+    )
+    return report
+
+
 def latest_results(
     device: str = "cpu", results: Path = RESULTS
 ) -> dict[str, Any] | None:
@@ -518,7 +625,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="results file, '-' for stdout; default: results/sincos-cpu-<date>.json")  # fmt: skip
     parser.add_argument("--no-allocator-env", action="store_true",
                         help="do not re-run with ALLOCATOR_ENV set")  # fmt: skip
+    parser.add_argument("--memory", action="store_true",
+                        help="measure peak memory instead -> results/sincos-memory-<date>.json")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.memory:
+        report = memory_run()
+        path = (
+            Path(args.out)
+            if args.out
+            else RESULTS / f"sincos-memory-{report['date']}.json"
+        )
+        path.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+        return 0
     threads = parse_threads(
         args.threads
     )  # before the re-execution: its default is this process's

@@ -25,12 +25,11 @@ from posenc.rope_scaling import ROPE_TYPES, rotary_frequencies
 from posenc.rotary import RotaryEmbedding, apply_rotary, rotary_cos_sin
 from posenc.sincos import (
     GRID_CONVENTIONS,
-    PositionEmbeddingSine,
-    Timesteps,
     detr_sine_encoding,
     sincos_grid,
     timestep_embedding,
 )
+from posenc.sincos_conventions import PositionEmbeddingSine, Timesteps
 
 __all__ = [
     "GRID_CONVENTIONS",

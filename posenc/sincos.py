@@ -6,8 +6,6 @@ from __future__ import annotations
 
 __all__ = [
     "GRID_CONVENTIONS",
-    "PositionEmbeddingSine",
-    "Timesteps",
     "detr_sine_encoding",
     "sincos_grid",
     "timestep_embedding",
@@ -15,13 +13,14 @@ __all__ = [
 
 import math
 import operator
-from collections.abc import Sequence
-from typing import Any
+import warnings
+from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from posenc._checks import (
+    _wrapped,
     check_bool,
     check_choice,
     check_count,
@@ -30,9 +29,6 @@ from posenc._checks import (
     values_checkable,
 )
 from posenc.encoding import _round_once
-
-#: ``sincos_grid`` conventions: how the channels of a grid are shared among its axes.
-GRID_CONVENTIONS = ("mae", "big_vision", "mocov3", "timm", "diffusers_3d")
 
 
 def _sincos(p: Tensor, half: int, shift: float, base: float, cos_first: bool) -> Tensor:
@@ -50,18 +46,87 @@ def _sincos(p: Tensor, half: int, shift: float, base: float, cos_first: bool) ->
     return torch.cat((cos, sin) if cos_first else (sin, cos), dim=-1)
 
 
-def _check_timesteps(timesteps: object) -> Tensor:
-    """A real 1-D tensor of finite time steps >= 0: ``[N]``."""
+def _round(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Float64 ``x`` rounded once to ``dtype``; its derivative passes unrounded.
+
+    float16 and bfloat16 are rounded through bit operations (round to odd in
+    float32), which carry no derivative. Adding ``x - x.detach()``, zero with
+    the derivative of ``x``, gives the rounded value the exact derivative
+    (``cos θ · ω`` for ``sin θ``) under autograd, torch.func and forward AD.
+    """
+    if dtype not in (torch.float16, torch.bfloat16):
+        return _round_once(x, dtype)
+    tracked = x.requires_grad or (not torch.compiler.is_compiling() and (
+        _wrapped(x) or torch.autograd.forward_ad.unpack_dual(x).tangent is not None
+    ))  # fmt: skip
+    if not tracked:
+        return _round_once(x, dtype)
+    return _round_once(x.detach(), dtype) + (x - x.detach()).to(dtype)
+
+
+# The least float64 working memory a table build may use at once, in bytes.
+# Larger tables are built in chunks of rows whose temporaries stay within a
+# quarter of the table (tests/test_timesteps.py measures the peak).
+_CHUNK_BYTES = 4 * 2**20
+# Bytes of float64 temporaries per entry of a chunk (the angle, sine, cosine,
+# their concatenation and the rounding to odd), an upper estimate
+_WORK_BYTES = 48
+
+
+def _chunks(rows: int, row_entries: int, result_bytes: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` ranges of ``rows`` rows, each chunk's temporaries (about
+    ``_WORK_BYTES`` per entry) within max(``_CHUNK_BYTES``, result / 4); one
+    range while a graph is recorded (compile, export, trace) or in torch.func,
+    where a loop would fix the sizes or an in-place write is not allowed."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or rows <= 1:
+        return [(0, rows)]
+    budget = max(_CHUNK_BYTES, result_bytes // 4)
+    step = max(1, budget // (_WORK_BYTES * max(row_entries, 1)))
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _table(
+    rows: int,
+    row_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    block: Callable[[int, int], Tensor],
+    one_block: bool = False,
+) -> Tensor:
+    """``[rows, *row_shape]`` of ``dtype``, rows ``start:stop`` being
+    ``block(start, stop)`` (float64) rounded once, built chunk by chunk."""
+    entries = math.prod(row_shape)
+    ranges = _chunks(rows, entries, rows * entries * dtype.itemsize)
+    if one_block or len(ranges) == 1:
+        return _round(block(0, rows), dtype)
+    out = torch.empty((rows, *row_shape), dtype=dtype, device=device)
+    for start, stop in ranges:
+        out[start:stop] = _round(block(start, stop), dtype)
+    return out
+
+
+# The dtypes a time step may have (integers and floats torch reduces on the CPU)
+_TIMESTEP_DTYPES = (
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+)  # fmt: skip
+
+
+def _check_timesteps(timesteps: object, scale: float = 1.0) -> Tensor:
+    """A real 1-D tensor of finite time steps >= 0 whose largest angle
+    ``scale * t`` is finite: ``[N]`` (values read only where
+    ``values_checkable``)."""
     if not isinstance(timesteps, Tensor):
         raise TypeError(
             "timesteps must be a torch.Tensor [N] (one time step per batch "
             f"element), got {type(timesteps).__name__}; pass e.g. "
             "torch.tensor([999.0]) or torch.arange(1000)"
         )
-    if timesteps.dtype == torch.bool or timesteps.is_complex():
+    if timesteps.dtype not in _TIMESTEP_DTYPES:
         raise TypeError(
-            "timesteps must be an integer or floating tensor, got dtype "
-            f"{timesteps.dtype}; pass e.g. timesteps.float()"
+            "timesteps must be an integer or floating tensor of a dtype torch "
+            f"computes with on the CPU, got dtype {timesteps.dtype}; pass e.g. "
+            "timesteps.long() or timesteps.float()"
         )
     if timesteps.dim() != 1:
         raise ValueError(
@@ -69,19 +134,26 @@ def _check_timesteps(timesteps: object) -> Tensor:
             f"diffusers' get_timestep_embedding), got shape {tuple(timesteps.shape)}; "
             "pass timesteps.reshape(-1) (or timesteps[None] for one 0-d time step)"
         )
-    if timesteps.numel() and values_checkable(timesteps):
-        # one reduction (a NaN fails low >= 0); one value for an expanded batch
-        probe = timesteps[:1] if timesteps.stride(0) == 0 else timesteps
-        low, high = torch.aminmax(probe)
-        if not (low.item() >= 0 and high.item() < math.inf):
-            bad = ~torch.isfinite(probe) | (probe < 0)
-            i = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(
-                "timesteps must be finite and >= 0 (time steps count up from 0), "
-                f"got {timesteps[i].item()} at index {i}; check what produced them "
-                "(a NaN or infinite time step gives a NaN embedding, a negative one "
-                "an embedding no model was trained on)"
-            )
+    if not (timesteps.numel() and values_checkable(timesteps)):
+        return timesteps
+    # one reduction (a NaN fails low >= 0); one value for an expanded batch
+    probe = timesteps[:1] if timesteps.stride(0) == 0 else timesteps
+    low, high = (v.item() for v in torch.aminmax(probe))
+    if not (low >= 0 and high < math.inf):
+        bad = ~torch.isfinite(probe) | (probe < 0)
+        i = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(
+            "timesteps must be finite and >= 0 (time steps count up from 0), "
+            f"got {timesteps[i].item()} at index {i}; check what produced them "
+            "(a NaN or infinite time step gives a NaN embedding, a negative one "
+            "an embedding no model was trained on)"
+        )
+    if not math.isfinite(high * scale):
+        raise ValueError(
+            f"scale * timesteps must be finite (it is the largest angle), got "
+            f"scale={scale:g} with a largest time step of {high:g}; pass a "
+            "smaller scale (1000 maps time in [0, 1] to diffusers' steps)"
+        )
     return timesteps
 
 
@@ -131,13 +203,19 @@ def timestep_embedding(
         θ_j = scale · t · ω_j,   ω_j = max_period^(-j / (h - s)),
 
     or cosines first with ``flip_sin_to_cos=True``; an odd ``dim`` gets a zero
-    channel last. The angles and their sines and cosines are computed in float64
-    and rounded once to ``dtype``: a float32 result is within 2^-24 (absolute) of
-    the exact value for every time step with scale · t below 2^24, whatever the
-    time step's dtype (float32 time steps are converted exactly). The keywords
-    and defaults are diffusers': DDPM is the default (sin first, s = 1); ADM,
-    DiT, Stable Diffusion, SD3 and Flux use ``flip_sin_to_cos=True,
-    downscale_freq_shift=0``.
+    channel last. Computed in float64 and rounded once to ``dtype``: float32
+    is within 2^-24 (absolute) of the exact value wherever scale · t < 2^24,
+    whatever the time steps' dtype; the derivative with respect to floating
+    time steps is the exact one, in every ``dtype``. The keywords and defaults
+    are diffusers': DDPM is the default (sin first, s = 1); ADM, DiT, Stable
+    Diffusion, SD3 and Flux use ``flip_sin_to_cos=True, downscale_freq_shift=0``.
+
+    Large batches are computed in chunks of rows, so that the float64
+    temporaries stay within max(4 MiB, a quarter of the result). The time
+    steps' values are checked (finite, >= 0) on CPU tensors in eager mode only:
+    on another device (reading them would synchronise with it), under
+    ``torch.compile``, ``torch.export`` or ``torch.jit.trace`` and inside
+    ``torch.func`` they are not read, and a NaN time step gives a NaN row.
 
     Args:
         timesteps: time steps ``[N]``, integer or floating, finite and >= 0;
@@ -155,16 +233,16 @@ def timestep_embedding(
         Tensor ``[N, dim]`` on ``timesteps``' device.
 
     Raises:
-        TypeError: ``timesteps`` is not a real tensor, or an argument has the
-            wrong type.
+        TypeError: ``timesteps`` is not a real tensor of a supported dtype, or
+            an argument has the wrong type.
         ValueError: ``timesteps`` is not 1-D, holds a negative, NaN or infinite
-            time step, or dim // 2 - downscale_freq_shift <= 0, or another
-            argument is out of range.
+            time step, scale · t overflows, dim // 2 - downscale_freq_shift
+            <= 0, or another argument is out of range.
     """
-    t = _check_timesteps(timesteps)
     dim, shift, scale, max_period = _check_freq_args(
         dim, downscale_freq_shift, scale, max_period
     )
+    t = _check_timesteps(timesteps, scale)
     flip = check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
     dtype = torch.float32 if dtype is None else check_dtype(dtype)
     n = t.shape[0]
@@ -174,11 +252,20 @@ def timestep_embedding(
     p = (t[:1] if expanded else t).to(torch.float64)
     if scale != 1.0:
         p = p * scale
-    emb = _sincos(p, dim // 2, shift, max_period, cos_first=flip)  # [n, 2h]
-    if dim % 2:
-        emb = torch.cat((emb, emb.new_zeros(emb.shape[0], 1)), dim=-1)
-    emb = _round_once(emb, dtype)
+
+    def rows(start: int, stop: int) -> Tensor:  # float64 [stop - start, dim]
+        emb = _sincos(p[start:stop], dim // 2, shift, max_period, cos_first=flip)
+        if dim % 2:
+            emb = torch.cat((emb, emb.new_zeros(stop - start, 1)), dim=-1)
+        return emb
+
+    whole = not torch.compiler.is_compiling() and _wrapped(t)  # torch.func
+    emb = _table(p.shape[0], (dim,), dtype, t.device, rows, one_block=whole)
     return emb.expand(n, dim).contiguous() if expanded else emb
+
+
+#: ``sincos_grid`` conventions: how the channels of a grid are shared among its axes.
+GRID_CONVENTIONS = ("mae", "big_vision", "mocov3", "timm", "diffusers_3d")
 
 
 def _check_shape(shape: object) -> tuple[int, ...]:
@@ -211,18 +298,58 @@ def _check_shape(shape: object) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _check_grid_scale(scale: object, n_axes: int) -> tuple[float, ...]:
-    why = "the positions along an axis are divided by it"
-    if isinstance(scale, Sequence) and not isinstance(scale, str):
-        if len(scale) != n_axes:
+def _per_axis(name: str, value: object, n_axes: int, why: str) -> tuple[float, ...]:
+    """One finite number > 0, or one per grid axis: a tuple of ``n_axes``."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != n_axes:
             raise ValueError(
-                f"scale must be one number or one per grid axis ({n_axes}), got "
-                f"{len(scale)} values {tuple(scale)!r}"
+                f"{name} must be one number or one per grid axis ({n_axes}), got "
+                f"{len(value)} values {tuple(value)!r}"
             )
         return tuple(
-            check_real("scale", s, above=0.0, why=why, example="1.0") for s in scale
+            check_real(name, v, above=0.0, why=why, example="1.0") for v in value
         )
-    return (check_real("scale", scale, above=0.0, why=why, example="1.0"),) * n_axes
+    return (check_real(name, value, above=0.0, why=why, example="1.0"),) * n_axes
+
+
+def _grid_divisors(
+    sizes: tuple[int, ...],
+    interpolation_scale: object,
+    base_size: object,
+    scale: object,
+) -> tuple[float, ...]:
+    """What the positions of each axis are divided by: ``interpolation_scale``,
+    times ``size / base_size`` when ``base_size`` is given (diffusers' 2-D
+    rule); ``scale`` is a deprecated alias of ``interpolation_scale``."""
+    n = len(sizes)
+    if scale is not None:
+        if interpolation_scale != 1.0:
+            raise ValueError(
+                "pass interpolation_scale only (scale is its deprecated alias), "
+                f"got scale={scale!r} and interpolation_scale={interpolation_scale!r}"
+            )
+        warnings.warn(
+            "sincos_grid's scale is deprecated: pass interpolation_scale=, "
+            "which has the same meaning (it divides the positions)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        interpolation_scale = scale
+    why = "the positions along an axis are divided by it"
+    divisors = _per_axis("interpolation_scale", interpolation_scale, n, why)
+    if base_size is not None:
+        why = "each axis's positions span base_size / interpolation_scale"
+        bases = _per_axis("base_size", base_size, n, why)
+        divisors = tuple(k * s / b for k, s, b in zip(divisors, sizes, bases))
+    for axis, (size, k) in enumerate(zip(sizes, divisors)):
+        # the largest position (symbolic while torch.compile traces: not checked)
+        if torch.compiler.is_compiling() or math.isfinite((size - 1) / k):
+            continue
+        raise ValueError(
+            f"the positions of axis {axis} overflow: {size - 1} / {k:g} is not "
+            "finite; pass a larger interpolation_scale (or a smaller base_size)"
+        )
+    return divisors
 
 
 def _grid_plan(
@@ -283,35 +410,38 @@ def sincos_grid(
     *,
     convention: str = "mae",
     base: float = 10000.0,
-    scale: float | Sequence[float] = 1.0,
+    interpolation_scale: float | Sequence[float] = 1.0,
+    base_size: float | Sequence[float] | None = None,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
+    scale: float | Sequence[float] | None = None,
 ) -> Tensor:
     """The fixed 2-D (or N-D) sin-cos table of a grid of patches or frames.
 
-    Each axis gets the one-axis encoding [sin(p ω_j) | cos(p ω_j)] of its index
-    p (divided by ``scale``), ω_j = base^(-j / (m - s)) over its m frequencies;
-    ``convention`` says how the channels are shared among the axes:
+    Each axis gets the one-axis encoding [sin(p ω_j) | cos(p ω_j)] of its
+    position p, ω_j = base^(-j / (m - s)) over its m frequencies; the position
+    of index i along an axis of size n is ``i / interpolation_scale``, or
+    ``i * base_size / (n * interpolation_scale)`` with ``base_size`` (diffusers'
+    keywords and rule). ``convention`` says how the channels are shared among
+    the axes (``book/16_sincos_conventions`` derives each from ``"mae"``):
 
-    - ``"mae"``: MAE, DiT, diffusers' 2-D ``get_2d_sincos_pos_embed`` (at
-      base_size = the grid size; other base sizes and interpolation scales are
-      ``scale=(H * interpolation_scale / base_size, W * ...)``), PixArt, SD3:
-      for (H, W), ``[w | h]``, dim/2 channels each, s = 0. Any number of axes:
-      the last axis first, dim/n channels each.
-    - ``"big_vision"``: Big Vision's ``posemb_sincos_2d`` (SimpleViT): as
-      ``"mae"`` with s = 1 (frequencies down to exactly 1/base).
-    - ``"mocov3"``: MoCo v3 on square grids, and timm's
-      ``build_sincos2d_pos_embed(interleave_sin_cos=True)``: ``[h | w]``, s = 0.
-    - ``"timm"``: timm's ``build_sincos2d_pos_embed`` (defaults):
-      ``[sin h | sin w | cos h | cos w]``, dim/4 frequencies, s = 0.
-    - ``"diffusers_3d"``: diffusers' ``get_3d_sincos_pos_embed`` (CogVideoX) for
-      (T, H, W): ``[t | w | h]`` with dim/4, 3 dim/8 and 3 dim/8 channels, s = 0;
-      its interpolation scales are ``scale=(temporal, spatial, spatial)``.
+    - ``"mae"`` (MAE, DiT, diffusers' 2-D table): ``[w | h]`` for (H, W), s = 0;
+      on n axes the last axis first, dim/n channels each.
+    - ``"big_vision"`` (Big Vision, SimpleViT): as ``"mae"`` with s = 1.
+    - ``"mocov3"`` (MoCo v3, square grids; timm's ``interleave_sin_cos=True``):
+      ``[h | w]``, s = 0.
+    - ``"timm"`` (timm's ``build_sincos2d_pos_embed``):
+      ``[sin h | sin w | cos h | cos w]``, s = 0.
+    - ``"diffusers_3d"`` (CogVideoX): ``[t | w | h]`` for (T, H, W), with dim/4,
+      3 dim/8 and 3 dim/8 channels, s = 0.
 
     Tokens are in row-major order over ``shape`` (the last axis fastest), the
     order in which those libraries flatten their patches and frames. Values are
     computed in float64 and rounded once to ``dtype`` (float32 within 2^-24 of
-    the exact values below 2^24 positions per axis).
+    the exact values below 2^24 positions per axis), one axis at a time and in
+    chunks, so that the float64 temporaries stay within max(4 MiB, a quarter of
+    the table). ``posenc.sincos_conventions`` holds drop-ins for diffusers'
+    ``get_2d_sincos_pos_embed`` and ``get_3d_sincos_pos_embed``.
 
     Args:
         shape: grid size per axis, e.g. ``(H, W)`` or ``(T, H, W)``: positive ints.
@@ -321,9 +451,16 @@ def sincos_grid(
         convention: one of ``GRID_CONVENTIONS``.
         base: the base of the frequencies (``temperature`` in MoCo v3, timm and
             Big Vision), > 1.
-        scale: divides the positions: one number, or one per axis (> 0).
+        interpolation_scale: divides the positions: one number, or one per
+            axis (> 0), as diffusers' ``interpolation_scale``.
+        base_size: with it, the positions of each axis span ``base_size /
+            interpolation_scale`` whatever its size (diffusers' 2-D
+            ``base_size``; PixArt and DiT's default is 16): one number or one
+            per axis (> 0). ``None``: positions 0, 1, 2, ...
         dtype: floating dtype of the table.
         device: device of the table (default: CPU).
+        scale: a deprecated alias of ``interpolation_scale`` (the same
+            meaning).
 
     Returns:
         Tensor ``[prod(shape), dim]``.
@@ -332,8 +469,8 @@ def sincos_grid(
         TypeError: ``shape`` is not a tuple of ints, or an argument has the
             wrong type.
         ValueError: a grid axis of size 0, a ``dim`` the convention cannot
-            split, a shape with the wrong number of axes for the convention, or
-            another argument out of range.
+            split, a shape with the wrong number of axes for the convention,
+            positions that overflow, or another argument out of range.
     """
     sizes = _check_shape(shape)
     dim = check_count("dim", dim, 1, "768")
@@ -341,55 +478,104 @@ def sincos_grid(
     base = check_real(
         "base", base, above=1.0, why="the base of the frequencies", example="10000.0"
     )
-    scales = _check_grid_scale(scale, len(sizes))
+    divisors = _grid_divisors(sizes, interpolation_scale, base_size, scale)
     dtype = torch.float32 if dtype is None else check_dtype(dtype)
-    tables_spec, pieces = _grid_plan(convention, len(sizes), dim)
-    tables = {}
-    for axis, (half, shift) in tables_spec.items():
-        p = torch.arange(sizes[axis], dtype=torch.float64, device=device)
-        if scales[axis] != 1.0:
-            p = p / scales[axis]
-        # the table of one axis, rounded once; copied below without arithmetic
-        tables[axis] = _round_once(_sincos(p, half, shift, base, False), dtype)
+    tables, pieces = _grid_plan(convention, len(sizes), dim)
     out = torch.empty((*sizes, dim), dtype=dtype, device=device)
-    column = 0
+    columns, column = [], 0  # (axis, start, stop, output column) per piece
     for axis, start, stop in pieces:
-        view = [1] * len(sizes) + [stop - start]
-        view[axis] = sizes[axis]
-        out[..., column : column + stop - start] = tables[axis][:, start:stop].reshape(
-            view
-        )
+        columns.append((axis, start, stop, column))
         column += stop - start
+    result_bytes = out.numel() * dtype.itemsize
+    for axis, (half, shift) in tables.items():
+        p = torch.arange(sizes[axis], dtype=torch.float64, device=device)
+        if divisors[axis] != 1.0:
+            p = p / divisors[axis]
+        for a, b in _chunks(sizes[axis], 2 * half, result_bytes):
+            # rows a:b of this axis's table, rounded once, copied into every
+            # token at those positions without arithmetic
+            rows = _round(_sincos(p[a:b], half, shift, base, False), dtype)
+            target = out.narrow(axis, a, b - a)
+            for ax, start, stop, col in columns:
+                if ax == axis:
+                    view = [1] * len(sizes) + [stop - start]
+                    view[axis] = b - a
+                    piece = rows[:, start:stop].reshape(view)
+                    target[..., col : col + stop - start] = piece
     return out.view(-1, dim)
 
 
-def _check_mask(mask: object) -> Tensor:
-    fix = (
-        "pass mask.bool() (True where padded); for a Hugging Face pixel_mask, "
-        "where 1 marks valid pixels, pass pixel_mask == 0"
+def _check_masks(mask: object, pixel_mask: object) -> Tensor:
+    """``[batch, height, width]`` bool, True on the image (not padding), from
+    exactly one of DETR's ``mask`` or Hugging Face's ``pixel_mask``."""
+    if (mask is None) == (pixel_mask is None):
+        raise TypeError(
+            "pass exactly one of mask (DETR's: True where padded) and pixel_mask "
+            "(Hugging Face's: 1 where the image is), got "
+            + ("both" if mask is not None else "neither")
+        )
+    name, given = ("mask", mask) if mask is not None else ("pixel_mask", pixel_mask)
+    padding = name == "mask"
+    what = (
+        "mask must be a bool tensor [batch, height, width], True where the image "
+        "is padding (DETR's NestedTensor.mask)"
+        if padding
+        else "pixel_mask must be a tensor [batch, height, width], 1 (or True) "
+        "where the image is and 0 on padding (Hugging Face's pixel_mask)"
     )
-    if not isinstance(mask, Tensor):
-        raise TypeError(
-            "mask must be a bool tensor [batch, height, width], True where the image "
-            f"is padding (DETR's NestedTensor.mask), got {type(mask).__name__}; {fix}"
-        )
-    if mask.dtype != torch.bool:
-        raise TypeError(
-            "mask must be a bool tensor [batch, height, width], True where the image "
-            f"is padding, got dtype {mask.dtype}; {fix}"
-        )
-    if mask.dim() != 3:
+    fix = (
+        "pass mask.bool() for DETR's mask; for Hugging Face's pixel_mask (1 where "
+        "the image is) pass pixel_mask=pixel_mask (or mask=pixel_mask == 0)"
+        if padding
+        else "for DETR's mask (True where padded) pass mask=mask instead"
+    )
+    if not isinstance(given, Tensor):
+        raise TypeError(f"{what}, got {type(given).__name__}; {fix}")
+    allowed = given.dtype == torch.bool or (
+        not padding and given.dtype in _TIMESTEP_DTYPES
+    )
+    if not allowed:
+        raise TypeError(f"{what}, got dtype {given.dtype}; {fix}")
+    if given.dim() != 3:
         raise ValueError(
-            "mask must be 3-D [batch, height, width] (True where padded), got shape "
-            f"{tuple(mask.shape)}; add the batch axis with mask[None]"
+            f"{what}, got shape {tuple(given.shape)}; add the batch axis with "
+            f"{name}[None]"
         )
-    return mask
+    image = ~given if padding else given if given.dtype == torch.bool else given != 0
+    if given.numel() and values_checkable(given):
+        _check_polarity(name, given, image, fix)
+    return image
+
+
+def _check_polarity(name: str, given: Tensor, image: Tensor, fix: str) -> None:
+    """DETR and Hugging Face put each image at the top left of its padded
+    canvas: a mask whose top-left pixel is padding while the rest of that
+    image is not, or that pads every pixel, has the other polarity."""
+    if given.dtype != torch.bool and ((given != 0) & (given != 1)).any():
+        raise ValueError(
+            "pixel_mask must hold 0 (padding) and 1 (image) only, got "
+            f"values {torch.unique(given)[:6].tolist()}; pass "
+            "(pixel_mask > 0.5).long() for a soft mask"
+        )
+    flat = image.flatten(1)
+    inverted = (~image[:, 0, 0] & flat.any(1)).nonzero()  # top left padded
+    if len(inverted) or not bool(flat.any()):
+        seen = "no image anywhere" if not len(inverted) else (
+            f"padding at the top-left pixel of batch element {int(inverted[0, 0])}"
+            " and image elsewhere"
+        )  # fmt: skip
+        raise ValueError(
+            f"{name} gives {seen}, but DETR and Hugging Face place each image "
+            f"at the top left of its padding: {name} has the other polarity; "
+            f"{fix}"
+        )
 
 
 def detr_sine_encoding(
-    mask: Tensor,
+    mask: Tensor | None = None,
     num_pos_feats: int = 64,
     *,
+    pixel_mask: Tensor | None = None,
     temperature: float = 10000.0,
     normalize: bool = False,
     scale: float | None = None,
@@ -398,24 +584,35 @@ def detr_sine_encoding(
 ) -> Tensor:
     """DETR's mask-aware sine encoding (``PositionEmbeddingSine``), rounded once.
 
-    The position of a pixel along an axis is the number of unpadded pixels up
-    to and including it (a 1-based cumulative sum of ``~mask``), y down the
+    The padding comes as exactly one of two masks, named for their polarity:
+    ``mask``, DETR's (True where padded), or ``pixel_mask``, Hugging Face's (1
+    where the image is). The position of a pixel along an axis is the number of
+    image pixels up to and including it (a 1-based cumulative sum), y down the
     rows and x along the columns. With ``normalize``, y and x are divided by
     their last value plus ``eps`` and multiplied by ``scale`` (default 2π), so
-    the positions of every image's unpadded part end just below scale. Each of
-    y and x gets ``num_pos_feats`` interleaved channels, sin(y ω_i), cos(y ω_i),
-    ... with ω_i = temperature^(-2i / num_pos_feats); the y channels come first.
-    Computed in float64 and rounded once to ``dtype``.
+    the positions of every image end just below scale (a fully padded row or
+    column gets positions 0, with any eps >= 0). Each of y and x gets
+    ``num_pos_feats`` interleaved channels, sin(y ω_i), cos(y ω_i), ... with
+    ω_i = temperature^(-2i / num_pos_feats); the y channels come first.
+    Computed in float64, in chunks of rows (temporaries within max(4 MiB, a
+    quarter of the result)), and rounded once to ``dtype``.
+
+    On CPU tensors in eager mode a mask of the other polarity is refused: one
+    that pads an image's top-left pixel while the image is elsewhere (DETR and
+    Hugging Face pad below and to the right), or pads every pixel. Elsewhere
+    (another device, torch.compile, torch.func) values are not read.
 
     Args:
-        mask: bool ``[batch, height, width]``, True where the image is padding.
+        mask: bool ``[batch, height, width]``, True where the image is padding
+            (DETR's ``NestedTensor.mask``).
         num_pos_feats: channels per axis, a positive even int (DETR: d_model / 2).
+        pixel_mask: ``[batch, height, width]``, 1 (or True) where the image is,
+            0 on padding (Hugging Face's ``pixel_mask``); instead of ``mask``.
         temperature: the base of the frequencies, > 1.
         normalize: rescale the positions of each image to end just below scale.
         scale: the range of the normalized positions, > 0; only with
             ``normalize=True`` (as DETR). Default 2π.
-        eps: added to the normalizer (a fully padded row or column gives 0, not
-            NaN), >= 0.
+        eps: added to the normalizer, >= 0.
         dtype: floating dtype of the result.
 
     Returns:
@@ -423,12 +620,13 @@ def detr_sine_encoding(
         DETR's memory layout), the y channels first.
 
     Raises:
-        TypeError: ``mask`` is not a bool tensor, or an argument has the wrong
-            type.
-        ValueError: ``mask`` is not 3-D, ``num_pos_feats`` is odd, ``scale`` is
-            given without ``normalize=True``, or an argument is out of range.
+        TypeError: neither or both masks, a mask of the wrong type or dtype, or
+            another argument of the wrong type.
+        ValueError: a mask that is not 3-D or has the other polarity (CPU),
+            ``num_pos_feats`` odd, ``scale`` without ``normalize=True``, or an
+            argument out of range.
     """
-    mask = _check_mask(mask)
+    image = _check_masks(mask, pixel_mask)
     num_pos_feats = check_count("num_pos_feats", num_pos_feats, 2, "128")
     if num_pos_feats % 2:
         raise ValueError(
@@ -456,133 +654,42 @@ def detr_sine_encoding(
     if eps < 0:
         raise ValueError(f"eps must be >= 0 (added to the normalizer), got {eps}")
     dtype = torch.float32 if dtype is None else check_dtype(dtype)
-    # 1-based positions of the unpadded pixels: [batch, height, width], float64
-    not_mask = ~mask
-    y = not_mask.cumsum(1, dtype=torch.float64)
-    x = not_mask.cumsum(2, dtype=torch.float64)
-    if normalize:
-        y = y / (y[:, -1:, :] + eps) * scale
-        x = x / (x[:, :, -1:] + eps) * scale
-    i = torch.arange(num_pos_feats // 2, dtype=torch.float64, device=mask.device)
+    batch, height, width = image.shape
+    # 1-based positions of the image's pixels: [batch, height, width]
+    y = image.cumsum(1, dtype=torch.int32)
+    x = image.cumsum(2, dtype=torch.int32)
+    i = torch.arange(num_pos_feats // 2, dtype=torch.float64, device=image.device)
     # ω_i = temperature^(-2i / num_pos_feats)
     omega = torch.pow(temperature, -2.0 * i / num_pos_feats)
-    channels = []
-    for pos in (y, x):
-        theta = pos.unsqueeze(-1) * omega  # [batch, height, width, F / 2]
-        pairs = torch.stack((torch.sin(theta), torch.cos(theta)), dim=-1)
-        channels.append(pairs.flatten(-2))  # sin, cos, sin, cos, ...
-    pos = _round_once(torch.cat(channels, dim=-1), dtype)  # [batch, h, w, 2F]
-    return pos.permute(0, 3, 1, 2)
+
+    def rows(start: int, stop: int) -> Tensor:  # [stop - start, width, 2F]
+        # the image rows start:stop of the batch, flattened to [batch * height]
+        ys = y.view(-1, width)[start:stop].to(torch.float64)
+        xs = x.view(-1, width)[start:stop].to(torch.float64)
+        if normalize:
+            # the last value of each column (y) and row (x), + eps; a fully
+            # padded column or row is all 0: divide it by 1, not by 0
+            image_of = torch.arange(start, stop, device=image.device) // height
+            y_end = y[:, -1, :][image_of].to(torch.float64) + eps
+            x_end = x.view(-1, width)[start:stop, -1:].to(torch.float64) + eps
+            ys = ys / torch.where(y_end > 0, y_end, 1.0) * scale
+            xs = xs / torch.where(x_end > 0, x_end, 1.0) * scale
+        channels = []
+        for pos in (ys, xs):
+            theta = pos.unsqueeze(-1) * omega  # [rows, width, F / 2]
+            pairs = torch.stack((torch.sin(theta), torch.cos(theta)), dim=-1)
+            channels.append(pairs.flatten(-2))  # sin, cos, sin, cos, ...
+        return torch.cat(channels, dim=-1)
+
+    pos = _table(batch * height, (width, 2 * num_pos_feats), dtype, image.device, rows)
+    return pos.view(batch, height, width, -1).permute(0, 3, 1, 2)
 
 
-class Timesteps(nn.Module):
-    """diffusers' ``Timesteps``: embed a batch of time steps, holding no state.
+def __getattr__(name: str) -> object:
+    """``posenc.sincos.Timesteps`` and ``.PositionEmbeddingSine``: the modules
+    live in ``posenc.sincos_conventions`` (objects pickled under this name load)."""
+    if name in ("Timesteps", "PositionEmbeddingSine"):
+        from posenc import sincos_conventions
 
-    ``Timesteps(num_channels, flip_sin_to_cos, downscale_freq_shift, scale)``
-    takes diffusers' arguments in diffusers' order and returns
-    :func:`posenc.timestep_embedding` of its input. Nothing is registered: no
-    parameters, no buffers, ``state_dict()`` is empty, so it can replace the
-    ``time_proj`` of a diffusers model and the checkpoint still loads strictly.
-
-    Args:
-        num_channels: embedding width, an int >= 2.
-        flip_sin_to_cos: cosines first.
-        downscale_freq_shift: s in the frequencies' denominator dim // 2 - s.
-        scale: multiplies every angle, > 0.
-        max_period: the base of the frequencies, > 1.
-
-    Shape:
-        - timesteps: ``[N]``, integer or floating, finite and >= 0.
-        - output: ``[N, num_channels]``, float32 unless ``forward`` is given a
-          ``dtype``.
-    """
-
-    def __init__(
-        self,
-        num_channels: int,
-        flip_sin_to_cos: bool = False,
-        downscale_freq_shift: float = 1.0,
-        scale: float = 1.0,
-        *,
-        max_period: float = 10000,
-    ) -> None:
-        super().__init__()
-        checked = _check_freq_args(
-            num_channels, downscale_freq_shift, scale, max_period, "num_channels"
-        )
-        self.num_channels, self.downscale_freq_shift, self.scale, self.max_period = (
-            checked
-        )
-        self.flip_sin_to_cos = check_bool(
-            "flip_sin_to_cos", flip_sin_to_cos, "True: cosines first"
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_channels={self.num_channels}, "
-            f"flip_sin_to_cos={self.flip_sin_to_cos}, "
-            f"downscale_freq_shift={self.downscale_freq_shift:g}, "
-            f"scale={self.scale:g}, max_period={self.max_period:g}"
-        )
-
-    def forward(self, timesteps: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
-        """``[N]`` time steps -> ``[N, num_channels]`` embeddings."""
-        return timestep_embedding(
-            timesteps, self.num_channels, flip_sin_to_cos=self.flip_sin_to_cos,
-            downscale_freq_shift=self.downscale_freq_shift, scale=self.scale,
-            max_period=self.max_period, dtype=dtype,
-        )  # fmt: skip
-
-
-class PositionEmbeddingSine(nn.Module):
-    """DETR's ``PositionEmbeddingSine``, holding no state, from a padding mask.
-
-    Same arguments as DETR's module; ``forward`` takes the padding mask (or any
-    object with a ``.mask``, such as DETR's ``NestedTensor``) and returns
-    :func:`posenc.detr_sine_encoding`.
-
-    Args:
-        num_pos_feats: channels per axis, a positive even int.
-        temperature: the base of the frequencies, > 1.
-        normalize: rescale the positions of each image to end just below scale.
-        scale: the range of normalized positions (default 2π); only with
-            ``normalize=True``.
-        eps: added to the normalizer, >= 0.
-
-    Shape:
-        - mask: bool ``[batch, height, width]``, True where padded.
-        - output: ``[batch, 2 num_pos_feats, height, width]``, float32 unless
-          ``forward`` is given a ``dtype``.
-    """
-
-    def __init__(
-        self,
-        num_pos_feats: int = 64,
-        temperature: float = 10000,
-        normalize: bool = False,
-        scale: float | None = None,
-        *,
-        eps: float = 1e-6,
-    ) -> None:
-        super().__init__()
-        # validated once here by a call on a 1x1 mask
-        detr_sine_encoding(
-            torch.zeros(1, 1, 1, dtype=torch.bool), num_pos_feats,
-            temperature=temperature, normalize=normalize, scale=scale, eps=eps,
-        )  # fmt: skip
-        self.num_pos_feats, self.temperature = num_pos_feats, float(temperature)
-        self.normalize, self.scale, self.eps = normalize, scale, float(eps)
-
-    def extra_repr(self) -> str:
-        return (
-            f"num_pos_feats={self.num_pos_feats}, temperature={self.temperature:g}, "
-            f"normalize={self.normalize}, scale={self.scale!r}, eps={self.eps:g}"
-        )
-
-    def forward(self, mask: Any, *, dtype: torch.dtype = torch.float32) -> Tensor:
-        """Padding mask ``[batch, height, width]`` -> ``[batch, 2F, height, width]``."""
-        mask = getattr(mask, "mask", mask)  # DETR's NestedTensor
-        return detr_sine_encoding(
-            mask, self.num_pos_feats, temperature=self.temperature,
-            normalize=self.normalize, scale=self.scale, eps=self.eps, dtype=dtype,
-        )  # fmt: skip
+        return getattr(sincos_conventions, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

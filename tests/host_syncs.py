@@ -46,6 +46,7 @@ def _register_device() -> None:
 
     _setup_privateuseone_for_python_backend(DEVICE)
 
+
 #: Operations whose result the host needs at once: each is a device-to-host synchronisation on CUDA.
 SYNC_OPS = {
     aten._local_scalar_dense.default,  # .item(), bool(t), int(t), float(t), t.tolist()

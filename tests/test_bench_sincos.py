@@ -1,6 +1,7 @@
 """benchmarks/bench_sincos.py: the variants compute the same embeddings (the measured alternatives within their
 stated bounds, against mpmath over the whole range the angle-addition road takes), the timing method pairs its
-ratios, the goal is read as documented, and the committed results file is the one the chapter reads.
+ratios, the goal is read as documented, and the committed results files are the ones
+book/16_sincos_conventions.ipynb reads.
 
 No timed assertion: only that the numbers are produced, well formed, and judged by the stated rule.
 """
@@ -268,7 +269,7 @@ def test_the_committed_results_are_what_the_chapter_reads():
 
 
 def test_the_chapter_s_sentences_agree_with_the_committed_results():
-    # book/07_timesteps_and_grids.ipynb, "Speed"
+    # book/16_sincos_conventions.ipynb, "Speed"
     results = bench_sincos.latest_results("cpu")
     one = results["runs"][0]
     speedup = {row["group"]: row["speedup"] for row in one["rows"]}
@@ -318,3 +319,23 @@ def test_the_chapter_s_sentences_agree_with_the_committed_results():
         for side in ("diffusers", "posenc")
     ]
     assert statistics.median(swing) < 1
+
+
+def test_the_committed_memory_results_are_what_the_reference_page_says():
+    # book/16_sincos_conventions.ipynb, "Memory": every build within 1.5 times its result in chunks; in one block a
+    # bfloat16 table above ten times, a float32 one several times
+    memory = bench_sincos.latest_memory_results()
+    assert memory is not None, (
+        "run benchmarks/bench_sincos.py --memory and commit its results"
+    )
+    assert memory["file"].startswith("benchmarks/results/sincos-memory-")
+    assert memory["allocator_env"] == bench_sincos.MEMORY_ENV
+    assert set(memory["cases"]) == set(bench_sincos.MEMORY_CASES)
+    for name, case in memory["cases"].items():
+        assert case["result_bytes"] == 32 * 2**20, name
+        assert 1 <= case["ratio"] <= 1.5, name
+    one_block = {
+        name: case["one_block"]["ratio"] for name, case in memory["cases"].items()
+    }
+    assert one_block["timestep_bf16"] > 10 and one_block["grid_1d_bf16"] > 10
+    assert one_block["timestep_float32"] > 3 and one_block["detr_float32"] > 3

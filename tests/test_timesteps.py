@@ -2,10 +2,13 @@
 
 Checked against mpmath (float32 within 2^-24 of the exact values), against the recipes restated from their sources
 in tests/sincos_peers.py (DDPM, ADM/DiT, MAE/DiT, MoCo v3, Big Vision, DETR, NeRF), and for the structure the
-chapter (book/07_timesteps_and_grids.ipynb) derives: every grid convention a permutation or a schedule of one
-reference, the shortcut for expanded time steps, the modules' empty state, and every bad input. The installed
-diffusers, timm and transformers are compared in tests/test_timesteps_peers.py (this file runs on the package's
-floor, without them).
+chapter (book/07_timesteps_and_grids.ipynb) and its reference page (book/16_sincos_conventions.ipynb) derive:
+every grid convention a permutation or a schedule of one reference, the shortcut for expanded time steps, the
+modules' empty state, every bad input; and what a training loop, a compiler or an accelerator meets: every
+parameter at a non-default value against NumPy or mpmath, exact derivatives in half precision, torch.compile and
+torch.vmap, peak memory within 1.5 times the result, no host synchronisation, and DETR's two mask polarities.
+The installed diffusers, timm and transformers are compared in tests/test_timesteps_peers.py (this file runs on
+the package's floor, without them).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import pickle
+import weakref
 
 import mpmath
 import numpy as np
@@ -20,6 +24,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import posenc
 from posenc import (
@@ -33,6 +39,7 @@ from posenc import (
 )
 from posenc.encoding import _round_once
 from posenc.sincos import _sincos
+from tests.floors import needs_compile
 from tests.sincos_peers import (
     adm_timestep_embedding,
     big_vision_posemb_sincos_2d,
@@ -526,3 +533,448 @@ def test_values_are_not_read_on_the_meta_device():
     out = timestep_embedding(torch.empty(8, device="meta"), 16)
     assert out.shape == (8, 16) and out.device.type == "meta"
     assert math.isfinite(timestep_embedding(torch.tensor([0.0]), 16).sum().item())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Every parameter at a valid non-default value, against an independent reference (NumPy or mpmath, not posenc)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _np_axis(pos: np.ndarray, m: int, shift: float, base: float) -> np.ndarray:
+    """One axis's ``[sin | cos]`` in NumPy float64: ``[len(pos), 2m]``."""
+    omega = base ** (-np.arange(m) / (m - shift))
+    theta = np.outer(pos, omega)
+    return np.concatenate([np.sin(theta), np.cos(theta)], axis=1)
+
+
+def _np_grid(shape, dim, convention, base=1e4, divisors=None):
+    """Each convention as its docstring states it, built from ``_np_axis``: ``[prod(shape), dim]``."""
+    divisors = divisors or (1.0,) * len(shape)
+    idx = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1)
+    idx = idx.reshape(-1, len(shape)) / np.asarray(divisors)
+    if convention in ("mae", "big_vision"):
+        shift, m = (1.0 if convention == "big_vision" else 0.0), dim // (2 * len(shape))
+        return np.concatenate(
+            [_np_axis(idx[:, a], m, shift, base) for a in reversed(range(len(shape)))],
+            1,
+        )
+    if convention == "mocov3":
+        return np.concatenate(
+            [_np_axis(idx[:, a], dim // 4, 0.0, base) for a in (0, 1)], 1
+        )
+    if convention == "timm":
+        h, w = (_np_axis(idx[:, a], dim // 4, 0.0, base) for a in (0, 1))
+        q = dim // 4
+        return np.concatenate([h[:, :q], w[:, :q], h[:, q:], w[:, q:]], 1)
+    t = _np_axis(idx[:, 0], dim // 8, 0.0, base)  # diffusers_3d: [t | w | h]
+    return np.concatenate([t, _np_axis(idx[:, 2], 3 * dim // 16, 0.0, base),
+                           _np_axis(idx[:, 1], 3 * dim // 16, 0.0, base)], 1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim", "convention"),
+    [((3, 5), 32, "mae"), ((2, 3, 4), 48, "mae"), ((3, 5), 32, "big_vision"),
+     ((3, 5), 32, "mocov3"), ((3, 5), 32, "timm"), ((2, 3, 5), 64, "diffusers_3d")],
+)  # fmt: skip
+def test_every_grid_parameter_against_numpy(shape, dim, convention):
+    bound = float64_bound(20.0, 1e4)
+    # the defaults, then base, interpolation_scale (one per axis), base_size and dtype at other values
+    ours = sincos_grid(shape, dim, convention=convention, dtype=F64)
+    assert (ours.numpy() - _np_grid(shape, dim, convention)).__abs__().max() <= bound
+    scales = tuple(0.5 + a for a in range(len(shape)))
+    ours = sincos_grid(
+        shape,
+        dim,
+        convention=convention,
+        base=300.0,
+        interpolation_scale=scales,
+        dtype=F64,
+    )
+    theirs = _np_grid(shape, dim, convention, base=300.0, divisors=scales)
+    assert np.abs(ours.numpy() - theirs).max() <= bound
+    bases = tuple(
+        4.0 * (a + 1) for a in range(len(shape))
+    )  # positions span base_size / scale
+    ours = sincos_grid(
+        shape,
+        dim,
+        convention=convention,
+        base_size=bases,
+        interpolation_scale=2.0,
+        dtype=F64,
+    )
+    divisors = tuple(2.0 * n / b for n, b in zip(shape, bases))
+    assert (
+        np.abs(ours.numpy() - _np_grid(shape, dim, convention, divisors=divisors)).max()
+        <= bound
+    )
+    half = sincos_grid(shape, dim, convention=convention, dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16
+    assert (
+        np.abs(half.double().numpy() - _np_grid(shape, dim, convention)).max() <= 2**-9
+    )
+    meta = sincos_grid(shape, dim, convention=convention, device="meta")
+    assert meta.device.type == "meta" and meta.shape == (math.prod(shape), dim)
+
+
+def test_the_old_grid_keyword_scale_still_divides_the_positions_and_warns():
+    with pytest.warns(DeprecationWarning, match="interpolation_scale"):
+        old = sincos_grid((4, 6), 32, scale=(2.5, 0.75), dtype=F64)
+    assert torch.equal(
+        old, sincos_grid((4, 6), 32, interpolation_scale=(2.5, 0.75), dtype=F64)
+    )
+    with pytest.raises(ValueError, match="interpolation_scale only"):
+        sincos_grid((4, 6), 32, scale=2.0, interpolation_scale=3.0)
+
+
+def test_timesteps_module_parameters_against_mpmath():
+    t = torch.tensor([0.0, 1.5, 37.25, 999.0])
+    module = Timesteps(
+        20, flip_sin_to_cos=True, downscale_freq_shift=0.5, scale=3.0, max_period=500.0
+    )
+    exact = exact_embedding(t, 20, True, 0.5, 3.0, 500.0)
+    assert (module(t).double() - exact).abs().max() <= 2**-24
+    plain = Timesteps(
+        20
+    )  # every default: sines first, s = 1, scale 1, max_period 10000
+    assert (
+        plain(t).double() - exact_embedding(t, 20, False, 1.0, 1.0, 10000)
+    ).abs().max() <= 2**-24
+
+
+def _np_detr(
+    image: np.ndarray,
+    feats: int,
+    temperature: float,
+    normalize: bool,
+    scale: float,
+    eps: float,
+):
+    """DETR's sine encoding in NumPy float64 from an image mask (True on the image): ``[batch, 2F, h, w]``."""
+    y, x = image.cumsum(1).astype(float), image.cumsum(2).astype(float)
+    if normalize:
+        y_end, x_end = y[:, -1:, :] + eps, x[:, :, -1:] + eps
+        y = y / np.where(y_end > 0, y_end, 1.0) * scale
+        x = x / np.where(x_end > 0, x_end, 1.0) * scale
+    omega = temperature ** (-2.0 * np.arange(feats // 2) / feats)
+    out = []
+    for pos in (y, x):
+        theta = pos[..., None] * omega
+        out.append(
+            np.stack([np.sin(theta), np.cos(theta)], -1).reshape(*pos.shape, feats)
+        )
+    return np.concatenate(out, -1).transpose(0, 3, 1, 2)
+
+
+def test_position_embedding_sine_parameters_against_numpy():
+    mask = _padding_mask(3, 9, 13, seed=5)
+    image = (~mask).numpy()
+    for kw in ({"temperature": 20.0}, {"normalize": True, "scale": 3.0}, {"normalize": True, "eps": 0.5},
+               {"normalize": True, "temperature": 50.0, "scale": 1.0, "eps": 0.0}):  # fmt: skip
+        module = PositionEmbeddingSine(
+            16, **{k: v for k, v in kw.items() if k != "eps"}, eps=kw.get("eps", 1e-6)
+        )
+        theirs = _np_detr(image, 16, kw.get("temperature", 1e4), kw.get("normalize", False),
+                          kw.get("scale", 2 * math.pi), kw.get("eps", 1e-6))  # fmt: skip
+        assert np.abs(module(mask, dtype=F64).numpy() - theirs).max() <= 1e-12, kw
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Derivatives, torch.func, compile: what a training loop or a sampler meets
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_the_derivative_with_respect_to_time_is_the_exact_one_in_every_dtype(dtype):
+    t = torch.tensor([3.0, 250.5, 999.0], dtype=F64)
+    omega = 1e4 ** (-torch.arange(4, dtype=F64) / 4)  # dim 8, s = 0
+    theta = t[:, None] * omega
+    exact = torch.cat(
+        [-omega * theta.sin(), omega * theta.cos()], -1
+    )  # d/dt of [cos | sin]
+    kw = {"flip_sin_to_cos": True, "downscale_freq_shift": 0, "dtype": dtype}
+    # backward, through the function and through the module
+    module = Timesteps(8, True, 0)
+    for embed in (
+        lambda x: timestep_embedding(x, 8, **kw).double(),
+        lambda x: module(x, dtype=dtype).double(),
+    ):
+        jac = torch.autograd.functional.jacobian(embed, t)  # [3, 8, 3]
+        assert torch.allclose(
+            torch.einsum("ncn->nc", jac), exact, rtol=1e-12, atol=1e-15
+        )
+    # forward mode, and torch.func.grad
+    _, tangent = torch.func.jvp(
+        lambda x: timestep_embedding(x, 8, **kw), (t,), (torch.ones(3, dtype=F64),)
+    )
+    assert tangent.dtype == dtype
+    assert torch.allclose(tangent.double(), exact.to(dtype).double(), rtol=0, atol=0)
+    grad = torch.func.grad(
+        lambda x: timestep_embedding(x, 8, **kw)[:, 1].double().sum()
+    )(t)
+    assert torch.allclose(grad, exact[:, 1], rtol=1e-12, atol=1e-15)
+    # the values are unchanged by the derivative's path
+    assert torch.equal(
+        timestep_embedding(t.requires_grad_(), 8, **kw).detach(),
+        timestep_embedding(t.detach(), 8, **kw),
+    )
+
+
+def test_vmap_over_time_steps_gives_each_row():
+    t = torch.rand(3, 5, dtype=F64) * 1000
+    batched = torch.vmap(lambda x: timestep_embedding(x, 16, dtype=F64))(t)
+    assert torch.equal(
+        batched, torch.stack([timestep_embedding(row, 16, dtype=F64) for row in t])
+    )
+
+
+@needs_compile
+def test_compile_fullgraph_dynamic_matches_eager():
+    # dynamo traces the four builders whole (fullgraph) in one graph, with symbolic sizes and floats (dynamic): the
+    # value checks must not read a symbolic number
+    module = Timesteps(16, True, 0, 3.0)
+    sine = PositionEmbeddingSine(8, normalize=True, scale=3.0)
+
+    def build(t, mask, n, scale, max_period, interpolation_scale):
+        return (
+            timestep_embedding(t, 16, scale=scale, max_period=max_period),
+            module(t),
+            sine(mask),
+            sincos_grid(
+                (3, n), 16, interpolation_scale=interpolation_scale, base_size=8.0
+            ),
+        )
+
+    args = (torch.rand(6) * 1000, _padding_mask(2, 5, 7, seed=1), 4, 2.5, 700.0, 0.5)
+    compiled = torch.compile(build, fullgraph=True, dynamic=True, backend="eager")
+    for ours, eager in zip(compiled(*args), build(*args)):
+        assert torch.equal(ours, eager)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Inputs refused rather than a NaN, and dtypes refused with a TypeError
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_angles_or_positions_that_overflow_are_refused():
+    with pytest.raises(ValueError, match="scale"):
+        timestep_embedding(torch.tensor([2.0]), 8, scale=1e308)
+    with pytest.raises(ValueError, match="interpolation_scale"):
+        sincos_grid((3, 3), 8, interpolation_scale=1e-310)
+    with pytest.raises(ValueError, match="overflow"), pytest.warns(DeprecationWarning):
+        sincos_grid((3, 3), 8, scale=1e-310)
+    # large but finite: a result, no NaN
+    assert torch.isfinite(timestep_embedding(torch.tensor([2.0]), 8, scale=1e300)).all()
+
+
+def test_detr_fully_padded_columns_get_position_zero_for_any_eps():
+    mask = torch.zeros(1, 4, 6, dtype=torch.bool)
+    mask[:, :, 4:] = True  # two fully padded columns (and rows of width 4)
+    for eps in (0.0, 1e-6):
+        out = detr_sine_encoding(mask, 8, normalize=True, eps=eps, dtype=F64)
+        assert torch.isfinite(out).all()
+        y = out[0, :4, :, 4:]  # the y channels of the padded columns: sin 0, cos 0, ...
+        assert torch.equal(y[0::2], torch.zeros_like(y[0::2])) and torch.equal(
+            y[1::2], torch.ones_like(y[1::2])
+        )
+
+
+def test_unsupported_time_step_dtypes_get_a_type_error():
+    names = ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")
+    for dtype in [getattr(torch, n) for n in names if hasattr(torch, n)]:
+        with pytest.raises(TypeError, match=f"{dtype}.*long"):
+            timestep_embedding(torch.tensor([1, 2]).to(dtype), 8)
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.float16, torch.bfloat16):
+        assert torch.equal(
+            timestep_embedding(torch.tensor([1, 2]).to(dtype), 8),
+            timestep_embedding(torch.tensor([1.0, 2.0]), 8),
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# DETR's two masks
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_detr_takes_either_mask_by_its_name():
+    mask = _padding_mask(3, 7, 9, seed=2)
+    expected = detr_sine_encoding(mask, 16, normalize=True)
+    for pixel_mask in (~mask, (~mask).long(), (~mask).float()):
+        assert torch.equal(
+            detr_sine_encoding(pixel_mask=pixel_mask, num_pos_feats=16, normalize=True),
+            expected,
+        )
+        assert torch.equal(
+            PositionEmbeddingSine(16, normalize=True)(pixel_mask=pixel_mask), expected
+        )
+    with pytest.raises(TypeError, match="exactly one"):
+        detr_sine_encoding(mask, pixel_mask=~mask)
+    with pytest.raises(TypeError, match="exactly one"):
+        detr_sine_encoding()
+
+
+def test_a_mask_of_the_other_polarity_is_refused():
+    # DETR's: True on padding, the image at the top left
+    mask = _padding_mask(3, 7, 9, seed=2)
+    with pytest.raises(ValueError, match=r"other polarity.*pixel_mask="):
+        detr_sine_encoding(~mask)  # a Hugging Face mask passed as DETR's
+    with pytest.raises(ValueError, match=r"other polarity.*mask="):
+        detr_sine_encoding(pixel_mask=mask)  # DETR's passed as Hugging Face's
+    unpadded = torch.ones(2, 5, 5, dtype=torch.bool)  # Hugging Face's, no padding
+    with pytest.raises(ValueError, match="no image anywhere"):
+        PositionEmbeddingSine(8)(unpadded)
+    with pytest.raises(ValueError, match=r"0 .padding. and 1"):
+        detr_sine_encoding(pixel_mask=torch.full((1, 3, 3), 0.5))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Memory, chunks and host synchronisations
+# ----------------------------------------------------------------------------------------------------------
+
+
+class _Allocations(TorchDispatchMode):
+    """Torch's allocations while active, as tracemalloc counts Python's: each new storage an operation returns is
+    live until its last reference goes (a finalizer on the storage, which torch keeps as long as the memory), and
+    ``peak`` is the most bytes live at once. Temporaries inside a single ATen kernel are not seen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.bytes = self.peak = 0
+
+    def _free(self, key: int) -> None:
+        self.bytes -= self.live.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if (
+                isinstance(t, torch.Tensor)
+                and t.untyped_storage().data_ptr() not in self.live
+            ):
+                storage = t.untyped_storage()
+                if storage.data_ptr():
+                    self.live[storage.data_ptr()] = storage.nbytes()
+                    self.bytes += storage.nbytes()
+                    self.peak = max(self.peak, self.bytes)
+                    weakref.finalize(storage, self._free, storage.data_ptr())
+        return out
+
+
+def _peak_bytes(fn) -> tuple[int, torch.Tensor]:
+    """The peak of torch's allocations while ``fn`` runs, and its result."""
+    with _Allocations() as allocations:
+        out = fn()
+    return allocations.peak, out
+
+
+def test_every_table_build_peaks_within_one_and_a_half_times_its_result(monkeypatch):
+    import posenc.sincos
+
+    # small tables, built as a large one would be
+    monkeypatch.setattr(posenc.sincos, "_CHUNK_BYTES", 2**15, raising=False)
+    t = torch.rand(512) * 1000
+    mask = torch.zeros(2, 32, 16, dtype=torch.bool)
+    mask[1, 20:] = True
+    builds = {
+        "timestep bf16": lambda: timestep_embedding(t, 256, dtype=torch.bfloat16),
+        "timestep float32": lambda: timestep_embedding(t, 256),
+        "grid 1-d bf16": lambda: sincos_grid((1024,), 128, dtype=torch.bfloat16),
+        "grid 2-d float32": lambda: sincos_grid((32, 32), 128),
+        "detr float32": lambda: detr_sine_encoding(mask, 64, normalize=True),
+        "detr bf16": lambda: detr_sine_encoding(
+            mask, 64, normalize=True, dtype=torch.bfloat16
+        ),
+    }
+    for name, build in builds.items():
+        peak, out = _peak_bytes(build)
+        assert peak <= 1.5 * out.numel() * out.element_size(), (
+            name,
+            peak / (out.numel() * out.element_size()),
+        )
+
+
+def test_chunks_give_the_bits_of_one_block(monkeypatch):
+    import posenc.sincos
+
+    t = torch.rand(300) * 1000
+    mask = _padding_mask(3, 11, 9, seed=3)
+    builds = [
+        lambda: timestep_embedding(t, 65, dtype=torch.bfloat16),
+        lambda: timestep_embedding(t, 64, flip_sin_to_cos=True, downscale_freq_shift=0),
+        lambda: sincos_grid((40, 3), 32, convention="timm", dtype=torch.float16),
+        lambda: sincos_grid((5, 6, 7), 48, convention="diffusers_3d"),
+        lambda: detr_sine_encoding(mask, 16, normalize=True),
+    ]
+    whole = [build() for build in builds]
+    monkeypatch.setattr(posenc.sincos, "_CHUNK_BYTES", 2**10)  # a few rows per chunk
+    for build, expected in zip(builds, whole):
+        assert torch.equal(build(), expected)
+    # a time step batch of 256 x 320 (the benchmark's) is one chunk at the default
+    monkeypatch.undo()
+    assert len(posenc.sincos._chunks(256, 320, 256 * 320 * 4)) == 1
+
+
+def test_no_host_synchronisation_on_an_accelerator():
+    from tests.host_syncs import DEVICE, host_syncs
+
+    steps = lambda: torch.rand(8, device=DEVICE) * 1000  # noqa: E731
+    mask = lambda: torch.zeros(2, 5, 7, dtype=torch.bool, device=DEVICE)  # noqa: E731
+    calls = {
+        "timestep_embedding": (
+            lambda x: timestep_embedding(x, 32, scale=2.0, dtype=torch.bfloat16),
+            steps,
+        ),
+        "expanded": (lambda x: timestep_embedding(x[:1].expand(8), 32), steps),
+        "Timesteps": (Timesteps(32, True, 0), steps),
+        "sincos_grid": (lambda d: sincos_grid((4, 6), 32, device=d), lambda: DEVICE),
+        "detr_sine_encoding": (
+            lambda m: detr_sine_encoding(m, 8, normalize=True),
+            mask,
+        ),
+        "PositionEmbeddingSine": (PositionEmbeddingSine(8, normalize=True), mask),
+        "base_size": (
+            lambda d: sincos_grid((4, 6), 32, base_size=16, device=d),
+            lambda: DEVICE,
+        ),
+        "pixel_mask": (
+            lambda m: detr_sine_encoding(pixel_mask=m.long(), num_pos_feats=8),
+            mask,
+        ),
+    }
+    for name, (fn, make) in calls.items():
+        assert host_syncs(fn, make) == [], name
+    # the checks that read values still run on real CPU tensors
+    with pytest.raises(ValueError, match="nan"):
+        timestep_embedding(torch.tensor([float("nan")]), 8)
+
+
+def test_the_modules_answer_under_their_old_module_path():
+    import posenc.sincos
+
+    assert posenc.sincos.Timesteps is Timesteps
+    assert posenc.sincos.PositionEmbeddingSine is PositionEmbeddingSine
+    with pytest.raises(AttributeError):
+        posenc.sincos.NoSuchName  # noqa: B018
+
+
+def test_ddpm_s_float32_recipe_drifts_past_1e_5_near_t_1000():
+    # chapter 07: "the float32 recipe drifts in proportion to t, past 1e-5 near t = 1000"
+    t = torch.arange(900, 1000.0)
+    error = (
+        (
+            ddpm_get_timestep_embedding(t, 320).double()
+            - timestep_embedding(t, 320, dtype=F64)
+        )
+        .abs()
+        .max()
+    )
+    early = (
+        (
+            ddpm_get_timestep_embedding(t / 100, 320).double()
+            - timestep_embedding(t / 100, 320, dtype=F64)
+        )
+        .abs()
+        .max()
+    )
+    assert 1e-5 < error < 1e-3 and early < error

@@ -2,7 +2,7 @@
 
 Each peer computes in float32 (diffusers' 2-D and 3-D tables in float64 from float32 positions), so its output is
 compared with posenc's float64 values within its own float32 error, the bound ``float32_bound`` of
-tests/sincos_peers.py (eq-ts-float32 in book/07_timesteps_and_grids.ipynb), which is stated there and measured
+tests/sincos_peers.py (eq-ts-float32 in book/16_sincos_conventions.ipynb), which is stated there and measured
 here: the peers' actual error is reported to be nonzero and inside the bound, and a wrong convention lies far
 outside it. Which settings diffusers' models use is read from the installed package, as the chapter's tables say.
 """
@@ -213,7 +213,9 @@ def test_the_dit_port_shift_and_its_fix():
         c_port = mlp(port.time_proj(t).double())
     moved = (c_port - c_dit).norm(dim=-1)
     one_step = (c_dit[1:] - c_dit[:-1]).norm(dim=-1)
-    assert moved[999] / one_step[998] > 3  # the chapter: 4.2
+    assert (
+        moved[999] / one_step[998] > 3
+    )  # the port moves it farther than one step does
     assert moved[10] / one_step[9] < 0.5  # small at small t
     # the fix: posenc's stateless Timesteps as time_proj; the checkpoint still loads
     state = {k: v.clone() for k, v in port.state_dict().items()}
@@ -352,3 +354,141 @@ def test_transformers_detr_sine_embedding():
         top = 2 * math.pi if normalize else 27.0
         bound = float32_bound(torch.full_like(exact, top), 1e4)
         assert ((theirs.double() - exact).abs() <= bound).all()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# diffusers' grid functions replaced, with diffusers' own arguments
+# ----------------------------------------------------------------------------------------------------------
+
+DIFFUSERS_2D_CALLS = [  # (args, kwargs) as diffusers' models pass them
+    ((1152, 32), {"base_size": 32}),  # DiT-XL/2 at 512: 32 x 32 patches
+    (
+        (288, 64),
+        {"base_size": 64, "interpolation_scale": 2.0},
+    ),  # PixArt-alpha 1024, fewer channels
+    ((64, 96), {"base_size": 64}),  # an SD3-style table larger than its base size
+    ((64, (24, 40)), {}),  # a non-square grid at diffusers' defaults (base_size 16)
+    ((64, (7, 3)), {"base_size": 5, "interpolation_scale": 0.5}),
+    ((64, 8), {"cls_token": True, "extra_tokens": 2}),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs"), DIFFUSERS_2D_CALLS)
+def test_get_2d_sincos_pos_embed_is_a_drop_in(args, kwargs):
+    from posenc import sincos_conventions
+
+    theirs = embeddings.get_2d_sincos_pos_embed(*args, **kwargs)
+    ours = sincos_conventions.get_2d_sincos_pos_embed(*args, **kwargs)
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == F64
+    size = args[1] if isinstance(args[1], tuple) else (args[1], args[1])
+    base, interp = kwargs.get("base_size", 16), kwargs.get("interpolation_scale", 1.0)
+    theta = torch.tensor(
+        base / interp
+    )  # every position spans at most base_size / interpolation_scale
+    assert ((ours - theirs).abs() <= float32_bound(theta, 1e4)).all()
+    # posenc's values are sincos_grid's with the same keywords: no arithmetic left to the caller
+    grid = sincos_grid(
+        size, args[0], base_size=base, interpolation_scale=interp, dtype=F64
+    )
+    assert torch.equal(ours[-grid.shape[0] :], grid)
+    # a table of the transposed grid is far outside the bound (the order (H, W) is diffusers')
+    if size[0] != size[1]:
+        other = sincos_conventions.get_2d_sincos_pos_embed(
+            args[0], size[::-1], **kwargs
+        )
+        assert not ((other - theirs).abs() <= float32_bound(theta, 1e4)).all()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (192, (45, 30), 13, 1.875, 1.0),  # CogVideoX's grid, fewer channels
+        (64, (10, 6), 4),
+        (32, (5, 3), 3, 0.5, 2.0),
+        (48, 4, 2),
+    ],
+)
+def test_get_3d_sincos_pos_embed_is_a_drop_in_with_width_first(args):
+    from posenc import sincos_conventions
+
+    theirs = embeddings.get_3d_sincos_pos_embed(*args)
+    ours = sincos_conventions.get_3d_sincos_pos_embed(*args)
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == F64
+    assert ((ours - theirs).abs() <= float32_bound(torch.tensor(64.0), 1e4)).all()
+    spatial = args[1] if isinstance(args[1], tuple) else (args[1], args[1])
+    width, height = spatial  # diffusers reads spatial_size as (W, H)
+    assert ours.shape == (args[2], height * width, args[0])
+    if width != height:  # read as (H, W), the table is another grid's
+        swapped = sincos_conventions.get_3d_sincos_pos_embed(
+            args[0], spatial[::-1], *args[2:]
+        )
+        assert not torch.allclose(swapped, theirs, atol=1e-3)
+
+
+def _patch_table(embed, height: int, width: int) -> torch.Tensor:
+    """The table a PatchEmbed adds to the patches of a ``height x width`` latent, exactly: ``[patches, dim]``
+    (a zero latent and a zero bias make the patch embeddings 0, and 0 + x is x)."""
+    torch.nn.init.zeros_(embed.proj.bias)
+    latent = torch.zeros(1, embed.proj.in_channels, height, width)
+    with torch.no_grad():
+        return embed(latent)[0]
+
+
+def test_patch_embed_takes_posenc_s_tables_by_one_assignment(monkeypatch):
+    from posenc import sincos_conventions
+
+    module = require(
+        "diffusers.models.embeddings"
+    )  # the module itself, where PatchEmbed looks the name up
+    size = {
+        "height": 32,
+        "width": 32,
+        "patch_size": 2,
+        "in_channels": 4,
+        "embed_dim": 64,
+    }
+    theirs = module.PatchEmbed(**size)
+    monkeypatch.setattr(
+        module, "get_2d_sincos_pos_embed", sincos_conventions.get_2d_sincos_pos_embed
+    )
+    ours = module.PatchEmbed(**size)
+    for (height, width), grid in (((32, 32), (16, 16)), ((12, 20), (6, 10))):
+        # the stored table, and the one forward makes for another grid: posenc's, rounded to float32
+        exact = sincos_grid(grid, 64, base_size=16, dtype=F64)
+        assert torch.equal(_patch_table(ours, height, width), exact.float())
+        gap = (_patch_table(theirs, height, width).double() - exact).abs()
+        assert (gap <= float32_bound(torch.tensor(16.0), 1e4)).all()
+    assert (
+        gap.max() > 0
+    )  # at 6 x 10, diffusers' float32 positions are not exact: its table differs
+
+
+def test_a_square_patch_embed_recomputes_a_right_table_for_any_grid():
+    # a PatchEmbed built square (32 x 32 patches) and run on 3 x 5 patches: the table of the 3 x 5 grid
+    p, dim = 8, 64
+    embed = embeddings.PatchEmbed(
+        height=32 * p, width=32 * p, patch_size=p, in_channels=3, embed_dim=dim
+    )
+    table = _patch_table(embed, 3 * p, 5 * p).double()
+    assert table.shape == (15, dim)
+    ours = sincos_grid((3, 5), dim, base_size=32, dtype=F64)
+    assert ((table - ours).abs() <= float32_bound(torch.tensor(32.0), 1e4)).all()
+
+
+def test_transformers_detr_takes_its_pixel_mask_by_name():
+    detr = require("transformers.models.detr.modeling_detr")
+    gen = torch.Generator().manual_seed(1)
+    pixel_mask = torch.zeros(
+        2, 11, 13, dtype=torch.long
+    )  # Hugging Face's: 1 where the image is
+    for b in range(2):
+        pixel_mask[b, : int(torch.randint(2, 12, (), generator=gen)), : 4 + 6 * b] = 1
+    module = detr.DetrSinePositionEmbedding(32, normalize=True)
+    theirs = module((2, 64, 11, 13), "cpu", torch.float32, mask=pixel_mask)
+    ours = detr_sine_encoding(pixel_mask=pixel_mask, num_pos_feats=32, normalize=True)
+    bound = float32_bound(torch.full_like(ours, 2 * math.pi, dtype=F64), 1e4)
+    assert ((theirs.double() - ours.double()).abs() <= bound + 2**-24).all()
+    with pytest.raises(
+        ValueError, match="other polarity"
+    ):  # the same mask passed as DETR's
+        detr_sine_encoding(pixel_mask.bool(), 32, normalize=True)
