@@ -82,7 +82,7 @@ def test_check_real_upper_bound_types_and_conversion() -> None:
         check_real("p", "0.5", why="w", example="0.5")
 
 
-def test_check_real_passes_symbolic_floats_while_compiling() -> None:
+def test_check_real_passes_symbolic_floats_under_compile() -> None:
     # with dynamic shapes a float derived from a size is symbolic: math.isfinite cannot read it
     def f(x: torch.Tensor) -> torch.Tensor:
         return x * check_real("s", x.shape[0] / 2, above=0.0, why="w", example="1")
@@ -128,7 +128,7 @@ def test_check_offset_range_and_types() -> None:
         check_offset(-3, "positions")
 
 
-def test_check_offset_raises_on_a_negative_offset_while_compiling() -> None:
+def test_check_offset_raises_on_a_negative_offset_under_compile() -> None:
     def f(x: torch.Tensor, offset: int) -> torch.Tensor:
         return x + check_offset(offset)
 
