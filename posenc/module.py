@@ -4,7 +4,12 @@
 
 from __future__ import annotations
 
-__all__ = ["CLASSIC_TABLE_KEYS", "PositionalEncoding", "get_positional_encoding"]
+__all__ = [
+    "CHUNK_BYTES",
+    "CLASSIC_TABLE_KEYS",
+    "PositionalEncoding",
+    "get_positional_encoding",
+]
 
 import numbers
 from typing import Any
@@ -12,13 +17,36 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_base, check_choice, check_count, check_offset
-from posenc.encoding import LAYOUTS, SCHEDULES, sinusoidal_encoding
+from posenc._checks import (
+    MAX_POSITION,
+    check_base,
+    check_choice,
+    check_count,
+    check_integer_tensor,
+    check_offset,
+    values_checkable,
+)
+from posenc.encoding import (
+    LAYOUTS,
+    SCHEDULES,
+    _encode,
+    _omega,
+    _round_once,
+    sinusoidal_encoding,
+)
 
 #: state_dict keys under which classic code saves its table: labml's
 #: EmbeddingsWithPositionalEncoding (its PositionalEncoding saves none) and the
 #: PyTorch tutorial's / spotpython's PositionalEncoding.
 CLASSIC_TABLE_KEYS = ("positional_encodings", "pe")
+
+#: The least float64 working memory a table build may use at once, in bytes.
+#: Longer tables are built in chunks of rows whose temporaries stay within
+#: max(CHUNK_BYTES, a quarter of the result).
+CHUNK_BYTES = 16 * 2**20
+# Bytes of float64 temporaries per entry of a chunk (the angle, sine and cosine,
+# their interleaving and the rounding), an upper estimate
+_WORK_BYTES = 48
 
 
 def _check_dropout(dropout_prob: object, dropout: object) -> float:
@@ -48,6 +76,92 @@ def _check_dropout(dropout_prob: object, dropout: object) -> float:
     return float(p)
 
 
+def _row_ranges(rows: int, width: int, itemsize: int) -> list[tuple[int, int]]:
+    """``(start, stop)`` ranges of ``rows`` rows of ``width`` entries whose float64
+    temporaries (about ``_WORK_BYTES`` per entry) stay within max(``CHUNK_BYTES``,
+    a quarter of the result); one range while a graph is recorded (compile,
+    export, trace), where a loop would fix the sizes."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or rows <= 1:
+        return [(0, rows)]
+    budget = max(CHUNK_BYTES, rows * width * itemsize // 4)
+    step = max(1, budget // (_WORK_BYTES * width))
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _encoding_rows(
+    p: Tensor, d_model: int, base: float, layout: str, schedule: str,
+    dtype: torch.dtype, chunked: bool = True,
+) -> Tensor:  # fmt: skip
+    """The encoding of float64 positions ``p`` (any shape), rounded once to
+    ``dtype``: ``[*p.shape, d_model]``, built in chunks of positions unless
+    ``chunked`` is False (the values of :func:`posenc.sinusoidal_encoding`, which
+    computes every entry on its own)."""
+    # one piece while a graph is recorded, and inside torch.func (vmap, grad),
+    # where the pieces' in-place writes into a new tensor are not allowed
+    eager = not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+    chunked = chunked and eager and not _functorch_wrapped(p)
+    ranges = _row_ranges(p.numel(), d_model, dtype.itemsize) if chunked else []
+    if len(ranges) <= 1:
+        return _round_once(_encode(p, d_model, base, layout, schedule), dtype)
+    flat = p.reshape(-1)
+    out = torch.empty(flat.shape[0], d_model, dtype=dtype, device=p.device)
+    for start, stop in ranges:
+        block = _encode(flat[start:stop], d_model, base, layout, schedule)
+        out[start:stop] = _round_once(block, dtype)
+    return out.view(*p.shape, d_model)
+
+
+def _channel_frequencies(
+    d_model: int, base: float, layout: str, schedule: str
+) -> Tensor:
+    """ω of each channel of the table, in float64: ``[d_model]``."""
+    omega = _omega(d_model, base, schedule)
+    if layout == "interleaved":
+        return omega.repeat_interleave(2)[:d_model]
+    if schedule == "tensor2tensor" and d_model % 2:
+        return torch.cat((omega[:-1], omega[:-1], omega[-1:]))
+    return torch.cat((omega, omega[: d_model // 2]))
+
+
+def _functorch_wrapped(x: Tensor) -> bool:
+    """A tensor inside torch.func (vmap, grad, jvp)."""
+    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return wrapped is not None and wrapped(x)
+
+
+def _without_derivative(x: Tensor) -> bool:
+    """Whether ``x + rows`` records no derivative (autograd, forward AD,
+    torch.func), so that the rows may be added into a new tensor in place."""
+    if (torch.is_grad_enabled() and x.requires_grad) or _functorch_wrapped(x):
+        return False
+    return torch.autograd.forward_ad.unpack_dual(x).tangent is None
+
+
+#: How far the classic float32 recipe's angle p·ω_i may be off, in units of
+#: p·ω_i·2^-24: its ω_i = exp(2i·(-ln(base)/d)) carries the rounding of the
+#: constant and of the product (2·ln(base)·2^-24 relative, 18.4 at base 10^4) and
+#: of exp (2·2^-24), p·ω_i one more (2^-24): 21.4 at base 10^4, measured at most
+#: 9.9 on labml's and the PyTorch tutorial's tables (d_model <= 2048, p < 12,552).
+_CLASSIC_ANGLE_ULPS = 32
+
+
+#: The settings the cached tables follow, read-only after construction.
+_SETTINGS = ("d_model", "max_len", "base", "batch_first", "layout", "frequencies")
+
+
+def _setting(name: str, doc: str) -> property:
+    """A read-only attribute: the cached tables follow the settings."""
+
+    def refuse(module: PositionalEncoding, value: object) -> None:
+        raise AttributeError(
+            f"PositionalEncoding.{name} is fixed at construction (the cached tables "
+            f"follow it), got {name}={value!r}; build a new PositionalEncoding with "
+            f"{name}={value!r}"
+        )
+
+    return property(lambda module: module._settings[name], refuse, doc=doc)
+
+
 class PositionalEncoding(nn.Module):
     """Add the sinusoidal positional encoding to a batch of embeddings, then dropout.
 
@@ -58,13 +172,24 @@ class PositionalEncoding(nn.Module):
     A drop-in for labml's ``PositionalEncoding(d_model, dropout_prob, max_len)``,
     spotpython's module of the same signature and the PyTorch tutorial's
     ``PositionalEncoding(d_model, dropout, max_len)``: the same arguments, the same
-    outputs, and ``load_state_dict(..., strict=True)`` accepts their checkpoints
-    (a saved table is ignored). Unlike them, the encoding is the float64 value
-    rounded once to ``x``'s dtype (in float32 within 2^-24 of the exact value at
-    every position below 2^24), sequences longer than ``max_len`` work
-    (``max_len`` only sizes a cache), ``offset`` and explicit ``positions`` are
-    supported, and nothing is registered as a buffer: ``state_dict()`` holds no
-    table and ``DistributedDataParallel`` has nothing to broadcast.
+    outputs, and ``load_state_dict(..., strict=True)`` accepts their checkpoints.
+    Unlike them, the encoding is the float64 value rounded once to ``x``'s dtype
+    (in float32 within 2^-24 of the exact value at every position below 2^24),
+    sequences longer than ``max_len`` work (``max_len`` only sizes a cache),
+    ``offset`` and explicit ``positions`` are supported, and nothing is registered
+    as a buffer: ``state_dict()`` holds no table and ``DistributedDataParallel``
+    has nothing to broadcast.
+
+    A classic checkpoint's table (``pe`` or ``positional_encodings``) is compared
+    with this module's encoding when it loads: one that agrees to within the
+    classic float32 recipe's rounding is dropped, anything else (a learned table,
+    another layout or base, another width, not a table at all) makes
+    ``load_state_dict`` raise an error naming the key, since its values would be
+    lost.
+
+    The settings (``d_model``, ``max_len``, ``base``, ``batch_first``, ``layout``,
+    ``frequencies``) are read-only after construction: the cached tables follow
+    them. The dropout probability, ``module.dropout.p``, may change.
 
     Args:
         d_model: embedding width d, a positive int.
@@ -89,6 +214,13 @@ class PositionalEncoding(nn.Module):
         - output: same shape, dtype and device as ``x``.
     """
 
+    d_model = _setting("d_model", "Embedding width d (read-only).")
+    max_len = _setting("max_len", "Positions cached per device and dtype (read-only).")
+    base = _setting("base", "Base of the frequency progression (read-only).")
+    batch_first = _setting("batch_first", "Whether x is [batch, seq_len, d_model].")
+    layout = _setting("layout", "Channel layout (read-only).")
+    frequencies = _setting("frequencies", "Frequency schedule (read-only).")
+
     def __init__(
         self,
         d_model: int,
@@ -102,16 +234,18 @@ class PositionalEncoding(nn.Module):
         frequencies: str = "paper",
     ) -> None:
         super().__init__()
-        self.d_model = check_count("d_model", d_model, 1, "512", "the embedding width")
-        self.max_len = check_count(
-            "max_len", max_len, 1, "5000", "the number of cached positions"
-        )
-        self.base = check_base(base)
         if not isinstance(batch_first, bool):
             raise TypeError(f"batch_first must be a bool, got {batch_first!r}")
-        self.batch_first = batch_first
-        self.layout = check_choice("layout", layout, LAYOUTS)
-        self.frequencies = check_choice("frequencies", frequencies, SCHEDULES)
+        self._settings = {
+            "d_model": check_count("d_model", d_model, 1, "512", "the embedding width"),
+            "max_len": check_count(
+                "max_len", max_len, 1, "5000", "the number of cached positions"
+            ),
+            "base": check_base(base),
+            "batch_first": batch_first,
+            "layout": check_choice("layout", layout, LAYOUTS),
+            "frequencies": check_choice("frequencies", frequencies, SCHEDULES),
+        }
         self.dropout = nn.Dropout(_check_dropout(dropout_prob, dropout))
         # (device, dtype) -> table [max_len, 1, d_model] (sequence-first) or
         # [max_len, d_model] (batch-first). A plain dict, not a buffer: never in
@@ -134,8 +268,12 @@ class PositionalEncoding(nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # pickles written before the settings became read-only hold them as
+        # plain attributes
+        if "_settings" not in state:
+            state["_settings"] = {name: state.pop(name) for name in _SETTINGS}
         super().__setstate__(state)
-        self._tables = {}  # also empties the cache of pickles written by older versions
+        self._tables = {}  # also empties the cache of pickles that carried one
 
     def __prepare_scriptable__(self) -> PositionalEncoding:
         # torch.jit.script calls this on every submodule before compiling it
@@ -161,13 +299,21 @@ class PositionalEncoding(nn.Module):
             Tensor of shape ``[n, d_model]`` for an int ``n``,
             ``[*positions.shape, d_model]`` for a tensor.
         """
-        # torch.compile(dynamic=True) would trace the float `base` as a symbol; read
-        # it as the constant it is
-        base = _constant_base(self) if torch.compiler.is_compiling() else self.base
         return sinusoidal_encoding(
-            positions, self.d_model, base=base, dtype=dtype, device=device,
+            positions, self.d_model, base=self._base(), dtype=dtype, device=device,
             layout=self.layout, frequencies=self.frequencies,
         )  # fmt: skip
+
+    def _base(self) -> float:
+        # torch.compile(dynamic=True) would trace the float `base` as a symbol; read
+        # it as the constant it is
+        return _constant_base(self) if torch.compiler.is_compiling() else self.base
+
+    def _rows(self, p: Tensor, dtype: torch.dtype, chunked: bool = True) -> Tensor:
+        """The encoding of float64 positions ``p``: ``[*p.shape, d_model]``, built
+        in chunks of positions unless ``chunked`` is False."""
+        settings = (self.d_model, self._base(), self.layout, self.frequencies)
+        return _encoding_rows(p, *settings, dtype, chunked)
 
     def _table(self, device: torch.device, dtype: torch.dtype) -> Tensor:
         key = (device, dtype)
@@ -179,13 +325,14 @@ class PositionalEncoding(nn.Module):
             # the trace, so the first traced call records the same graph (a constant
             # table read by a slice) as every later one
             with _not_traced():
-                table = self.encoding(self.max_len, dtype=dtype, device=device)
+                p = torch.arange(self.max_len, dtype=torch.float64, device=device)
+                table = self._rows(p, dtype)
                 table = table if self.batch_first else table.unsqueeze(1)
             self._tables[key] = table
         return table
 
     def forward(
-        self, x: Tensor, *, offset: int = 0, positions: Tensor | None = None
+        self, x: Tensor, *, offset: int | Tensor = 0, positions: Tensor | None = None
     ) -> Tensor:
         """Return ``dropout(x + PE)``.
 
@@ -193,14 +340,21 @@ class PositionalEncoding(nn.Module):
             x: embeddings, ``[seq_len, batch, d_model]`` (or
                 ``[batch, seq_len, d_model]`` with ``batch_first=True``), any floating
                 dtype.
-            offset: position of ``x``'s first token, an int >= 0 (decoding with a KV
-                cache, sequence shards). Must be 0 when ``positions`` is given.
+            offset: position of ``x``'s first token, an int in [0, 2^53] or a 0-d
+                integer tensor (decoding with a KV cache, sequence shards). Must be 0
+                when ``positions`` is given.
             positions: optional integer tensor of explicit positions, ``[seq_len]``
                 (shared by the batch) or ``[batch, seq_len]`` (per sequence: packing,
                 left padding), on any device.
 
         Returns:
             Tensor of ``x``'s shape, dtype and device.
+
+        Values are checked where reading them costs nothing: an int ``offset``
+        always (under torch.compile too), tensor offsets and ``positions`` only on
+        the CPU in eager mode. On a GPU (where a read would synchronise with the
+        host) and under torch.compile or torch.export they are not read, and a
+        negative one gives the encoding of that negative position.
         """
         if not isinstance(x, Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -231,52 +385,52 @@ class PositionalEncoding(nn.Module):
                 f"x must be a floating tensor (embeddings), got dtype {x.dtype}; "
                 "convert with x.float()"
             )
-        seq_axis = 1 if self.batch_first else 0
-        seq_len = x.shape[seq_axis]
-        if positions is None:
-            if offset.__class__ is not int:
-                offset = check_offset(offset)
-            elif offset < 0:
-                raise ValueError(
-                    "offset must be an int >= 0 (the position of x's first token), "
-                    f"got {offset}"
-                )
-            end = offset + seq_len
-            if torch.compiler.is_compiling():
-                pe = self._compiled_rows(x, offset, end)
-            elif end <= self.max_len:
-                pe = self._table(x.device, x.dtype)[offset:end]
-            else:
-                pe = self._rows_on_the_fly(x, offset, end)
-        else:
+        seq_len = x.shape[1 if self.batch_first else 0]
+        if positions is not None:
             if offset.__class__ is not int or offset != 0:
                 raise ValueError(
                     "pass either offset or positions, not both "
                     f"(got offset={offset!r}): positions already give every token's "
                     "position; add the offset to them instead (positions + offset)"
                 )
-            pe = self._explicit(positions, x, seq_len)
-        out = x + pe
+            out = x + self._explicit(positions, x, seq_len)
+        elif isinstance(offset, Tensor) and not values_checkable(offset):
+            # a tensor offset whose value is not read here (GPU, compile): the
+            # positions offset + 0, 1, ..., computed on the device
+            out = x + self._explicit(_offset_positions(offset, x, seq_len), x, seq_len)
+        else:
+            if offset.__class__ is not int or not 0 <= offset <= MAX_POSITION:
+                offset = check_offset(offset)
+            end, compiling = offset + seq_len, torch.compiler.is_compiling()
+            # torch.export holds no table (checked first: no guard on end is recorded)
+            if not (compiling and _is_exporting()) and end <= self.max_len:
+                if compiling:  # built while tracing, outside the graph, read as input
+                    _build_table_outside_graph(self, x.device, x.dtype)
+                out = x + self._table(x.device, x.dtype)[offset:end]
+            else:
+                out = self._past_the_cache(x, offset, end)
         if self.training and self.dropout.p > 0:
             out = self.dropout(out)
         return out
 
-    def _rows_on_the_fly(self, x: Tensor, offset: int, end: int) -> Tensor:
-        # beyond the cache (or in an exported program): computed for this call,
-        # nothing is stored
-        pe = self.encoding(torch.arange(offset, end, device=x.device), dtype=x.dtype)
-        return pe if self.batch_first else pe.unsqueeze(1)
-
-    def _compiled_rows(self, x: Tensor, offset: int, end: int) -> Tensor:
-        # torch.export: computed inside the program, which then holds no table and
-        # mutates nothing (checked first, so that no guard on the symbolic length
-        # against max_len is recorded)
-        if _is_exporting() or end > self.max_len:
-            return self._rows_on_the_fly(x, offset, end)
-        # torch.compile: the table is built while the graph is traced, outside it,
-        # and read as a graph input
-        _build_table_outside_graph(self, x.device, x.dtype)
-        return self._table(x.device, x.dtype)[offset:end]
+    def _past_the_cache(self, x: Tensor, offset: int, end: int) -> Tensor:
+        """``x`` plus the rows of positions ``offset .. end - 1``, computed for this
+        call (nothing is stored; in an exported program, every row), in chunks of
+        rows added into the output where no derivative is recorded (eager): the
+        float64 temporaries never span the sequence."""
+        p = torch.arange(offset, end, device=x.device).to(torch.float64)
+        eager = not torch.compiler.is_compiling()
+        if not (eager and x.is_contiguous() and _without_derivative(x)):
+            rows = self._rows(p, x.dtype)
+            return x + (rows if self.batch_first else rows.unsqueeze(1))
+        axis = 1 if self.batch_first else 0
+        out = torch.empty_like(x)
+        for start, stop in _row_ranges(end - offset, self.d_model, x.dtype.itemsize):
+            rows = self._rows(p[start:stop], x.dtype, chunked=False)
+            rows = rows if self.batch_first else rows.unsqueeze(1)
+            span = (axis, start, stop - start)
+            torch.add(x.narrow(*span), rows, out=out.narrow(*span))
+        return out
 
     def _explicit(self, positions: Tensor, x: Tensor, seq_len: int) -> Tensor:
         if not isinstance(positions, Tensor):
@@ -306,9 +460,22 @@ class PositionalEncoding(nn.Module):
                 f"[batch, seq_len]=({batch}, {seq_len}) ({order}, shape "
                 f"{tuple(x.shape)}), got {tuple(positions.shape)}"
             )
-        pe = self.encoding(
-            positions, dtype=x.dtype, device=x.device
-        )  # [S, D] or [B, S, D]
+        check_integer_tensor(
+            "positions",
+            positions,
+            "pass token indices, e.g. torch.arange(seq_len); for continuous "
+            "positions such as diffusion time steps use posenc.timestep_embedding",
+        )
+        # read only where it costs nothing (not on a GPU, not while compiling)
+        if values_checkable(positions) and positions.numel():
+            low = int(positions.min())
+            if low < 0:
+                raise ValueError(
+                    f"positions must be >= 0, got a minimum of {low}; shift them, "
+                    "e.g. positions - positions.min()"
+                )
+        p = positions.to(device=x.device, dtype=torch.float64)
+        pe = self._rows(p, x.dtype)  # [S, D] or [B, S, D]
         if positions.dim() == 1:
             return pe if self.batch_first else pe.unsqueeze(1)
         return pe if self.batch_first else pe.transpose(0, 1)
@@ -323,16 +490,14 @@ class PositionalEncoding(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        # Checkpoints of the classic modules carry their table; it is a constant, so
-        # it is dropped here.
+        # Checkpoints of the classic modules carry their table: one that is this
+        # module's encoding is dropped, anything else is an error (its values would
+        # be lost)
         for key in CLASSIC_TABLE_KEYS:
-            table = state_dict.pop(prefix + key, None)
-            if table is not None and table.shape[-1] != self.d_model:
-                error_msgs.append(
-                    f"{prefix + key}: the checkpoint's positional table has width "
-                    f"{table.shape[-1]}, "
-                    f"this module has d_model={self.d_model}"
-                )
+            if prefix + key in state_dict:
+                problem = self._foreign_table(state_dict.pop(prefix + key))
+                if problem is not None:
+                    error_msgs.append(f"{prefix + key}: {problem}")
         super()._load_from_state_dict(
             state_dict,
             prefix,
@@ -342,6 +507,102 @@ class PositionalEncoding(nn.Module):
             unexpected_keys,
             error_msgs,
         )
+
+    def _foreign_table(self, table: object) -> str | None:
+        """Why a checkpoint's table cannot be dropped, or None when it is this
+        module's encoding to within the classic float32 recipe's rounding."""
+        keep = (
+            "; to keep trained values, load them into a module that holds them (e.g. "
+            "an nn.Embedding of positions); to discard them, delete the key from the "
+            "state_dict before loading"
+        )
+        expected = (
+            "expected a positional table, a floating tensor [max_len, 1, d_model] "
+            "(or [max_len, d_model]), got "
+        )
+        if not isinstance(table, Tensor):
+            return expected + f"a {type(table).__name__}" + keep
+        shape, rows = tuple(table.shape), table.detach()
+        if rows.dim() == 3 and 1 in shape[:2]:  # [max_len, 1, d] or [1, max_len, d]
+            rows = rows.reshape(shape[0] * shape[1], shape[2])
+        if rows.dim() != 2 or not rows.is_floating_point():
+            got = f"a tensor of shape {shape} and dtype {table.dtype}"
+            return expected + got + keep
+        if rows.shape[1] != self.d_model:
+            return (
+                f"the checkpoint's positional table has width {rows.shape[1]}, "
+                f"this module has d_model={self.d_model}; build "
+                f"PositionalEncoding(d_model={rows.shape[1]}) for it, or delete the "
+                "key from the state_dict to discard it"
+            )
+        from torch._subclasses.fake_tensor import is_fake
+
+        if rows.device.type == "meta" or is_fake(rows):
+            return None  # no values to compare, none to lose
+        own = (self.layout, self.frequencies)
+        excess = _excess(rows, self.d_model, self.base, *own)
+        if excess is None:
+            return None
+        value, p, channel = excess
+        hint = ""
+        for layout, schedule in ((a, b) for a in LAYOUTS for b in SCHEDULES):
+            if (layout, schedule) != own and _excess(
+                rows, self.d_model, self.base, layout, schedule
+            ) is None:  # fmt: skip
+                hint = (
+                    f"; it is the encoding with layout={layout!r}, "
+                    f"frequencies={schedule!r}: build PositionalEncoding with those"
+                )
+        return (
+            "the checkpoint's table is not this module's sinusoidal encoding (it "
+            f"differs by {value:.3g} at position {p}, channel {channel}, beyond the "
+            "classic float32 recipe's rounding), so loading would discard its values"
+            + hint
+            + keep
+        )
+
+
+def _offset_positions(offset: Tensor, x: Tensor, seq_len: int) -> Tensor:
+    """``offset, offset + 1, ...`` on ``x``'s device, for a 0-d integer tensor
+    ``offset`` whose value is not read: ``[seq_len]``."""
+    if offset.dim() != 0 or offset.is_floating_point() or offset.is_complex() or (
+        offset.dtype == torch.bool
+    ):  # fmt: skip
+        raise TypeError(
+            "offset must be an int >= 0 or a 0-d integer tensor (the position of "
+            f"the first token), got a tensor of shape {tuple(offset.shape)} and "
+            f"dtype {offset.dtype}"
+        )
+    return torch.arange(seq_len, device=x.device) + offset.to(x.device)
+
+
+def _excess(
+    rows: Tensor, d_model: int, base: float, layout: str, schedule: str
+) -> tuple[float, int, int] | None:
+    """Where a saved table ``[n, d_model]`` leaves the encoding of positions
+    ``0 .. n-1`` by more than the classic float32 recipe's rounding: the
+    largest deviation in the first rows that do, its position and channel;
+    None if nowhere.
+
+    The bound at position p and channel c is (32·p·ω_c + 2)·2^-24 (the classic
+    recipe's float32 angle and sine, see ``_CLASSIC_ANGLE_ULPS``), plus half an
+    ulp of 1 in the table's dtype when that is narrower than float32 (a classic
+    model cast with ``.half()``).
+    """
+    omega = _channel_frequencies(d_model, base, layout, schedule).to(rows.device)
+    narrow = torch.finfo(rows.dtype).eps / 2 if rows.dtype.itemsize < 4 else 0.0
+    for start, stop in _row_ranges(rows.shape[0], d_model, 8):
+        p = torch.arange(start, stop, device=rows.device).to(torch.float64)
+        error = (
+            rows[start:stop].double() - _encode(p, d_model, base, layout, schedule)
+        ).abs()
+        bound = (_CLASSIC_ANGLE_ULPS * p.unsqueeze(1) * omega + 2) * 2.0**-24 + narrow
+        beyond = ~(error <= bound)  # NaN too
+        if bool(beyond.any()):
+            ranked = torch.where(beyond, error.nan_to_num(nan=float("inf")), -1.0)
+            row, channel = divmod(int(ranked.argmax()), d_model)
+            return float(error[row, channel]), start + row, channel
+    return None
 
 
 # torch.export sets is_exporting(); torch < 2.4 lacks it, and there any compilation is
@@ -393,8 +654,8 @@ def _build_table_outside_graph(
 
 @_assume_constant_result
 def _constant_base(module: PositionalEncoding) -> float:
-    """``module.base`` as a constant of the traced graph (checked at construction,
-    never changed)."""
+    """``module.base`` as a constant of the traced graph (read-only after
+    construction)."""
     return module.base
 
 
@@ -403,7 +664,9 @@ def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
     ``get_positional_encoding``.
 
     Unlike the classic float32 recipe, the values are within 2**-24 of the exact ones
-    at every position below 2**24, and any ``d_model`` (odd too) is accepted.
+    at every position below 2**24, and any ``d_model`` (odd too) is accepted. Built
+    in chunks of rows: the float64 temporaries stay within max(16 MiB, a quarter
+    of the result).
 
     Args:
         d_model: embedding width, a positive int.
@@ -416,4 +679,7 @@ def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
     max_len = check_count(
         "max_len", max_len, 1, "5000", "the number of cached positions"
     )
-    return sinusoidal_encoding(max_len, d_model, dtype=torch.float32).unsqueeze(1)
+    d_model = check_count("d_model", d_model, 1, "512", "the embedding width")
+    p = torch.arange(max_len, dtype=torch.float64)
+    table = _encoding_rows(p, d_model, 10000.0, "interleaved", "paper", torch.float32)
+    return table.unsqueeze(1)

@@ -51,6 +51,14 @@ def _classic() -> SpotpythonPositionalEncoding:
     return SpotpythonPositionalEncoding(16, 0.0, max_len=64)
 
 
+def _seeded() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def _load(state: dict[str, object]) -> object:
+    return _pe().load_state_dict(state, strict=True)
+
+
 def _checkpoint_width_32() -> object:
     return _pe().load_state_dict(
         SpotpythonPositionalEncoding(32, 0.0, max_len=64).state_dict(), strict=True
@@ -226,6 +234,13 @@ CASES: list[BadInput] = [
     BadInput(
         "offset=True", lambda: _pe()(_x(), offset=True), TypeError, "offset", "True"
     ),
+    BadInput(
+        "offset=2**63 - 1",
+        lambda: _pe()(_x(), offset=2**63 - 1),
+        ValueError,
+        "offset",
+        "9223372036854775807",
+    ),
     # --- positions
     BadInput(
         "positions float",
@@ -326,6 +341,14 @@ CASES: list[BadInput] = [
         "max_len",
         "0",
     ),
+    # --- settings
+    BadInput(
+        "module.max_len = 10 after construction",
+        lambda: setattr(_pe(), "max_len", 10),
+        AttributeError,
+        "max_len is fixed",
+        "max_len=10",
+    ),
     # --- checkpoints
     BadInput(
         "classic checkpoint of width 32 into d_model=16",
@@ -333,6 +356,36 @@ CASES: list[BadInput] = [
         RuntimeError,
         "d_model=16",
         "32",
+    ),
+    BadInput(
+        "checkpoint with a learned table 'pe'",
+        lambda: _load(
+            {"pe": torch.nn.Parameter(torch.randn(64, 1, 16, generator=_seeded()))}
+        ),
+        RuntimeError,
+        "pe: the checkpoint's table is not this module's",
+        "differs by",
+    ),
+    BadInput(
+        "checkpoint table in the concat layout",
+        lambda: _load({"pe": sinusoidal_encoding(64, 16, layout="concat")}),
+        RuntimeError,
+        "pe: .*layout='concat'",
+        "concat",
+    ),
+    BadInput(
+        "checkpoint 'pe' a 0-d tensor",
+        lambda: _load({"pe": torch.tensor(1.0)}),
+        RuntimeError,
+        "pe: expected a positional table",
+        "shape ()",
+    ),
+    BadInput(
+        "checkpoint 'pe' a list",
+        lambda: _load({"pe": [0.0] * 16}),
+        RuntimeError,
+        "pe: expected a positional table",
+        "list",
     ),
 ]
 

@@ -314,3 +314,47 @@ def test_compiled_decoding_is_traced_once_not_once_per_offset() -> None:
             dict(counters["stats"]),
         )
     torch._dynamo.reset()
+
+
+@needs_compile
+def test_compiled_negative_offset_raises_also_once_symbolic() -> None:
+    """A negative int offset raises under torch.compile as in eager mode, also once decoding steps (or
+    ``dynamic=True``) have made the offset a symbol, where a slice would take rows from the table's end. Under
+    ``fullgraph=True`` torch reports the ValueError as an unsupported graph break that carries its message."""
+    import pytest
+
+    x = torch.randn(3, 1, 8)
+    for dynamic, fullgraph, warm_up in ((None, True, range(2, 6)), (True, False, [2])):
+        torch._dynamo.reset()
+        module = PositionalEncoding(8, max_len=64).eval()
+        compiled = torch.compile(
+            module, backend="eager", fullgraph=fullgraph, dynamic=dynamic
+        )
+        for offset in warm_up:
+            assert torch.equal(compiled(x, offset=offset), module(x, offset=offset))
+        with pytest.raises(
+            Exception, match=r"offset must be an int (>= 0|in \[0, 2\*\*53\])"
+        ) as info:
+            compiled(x, offset=-10)
+        assert isinstance(info.value, (ValueError, torch._dynamo.exc.Unsupported)), (
+            dynamic,
+            fullgraph,
+        )
+    torch._dynamo.reset()
+
+
+@needs_compile
+def test_compiled_tensor_offset_matches_eager() -> None:
+    """A 0-d tensor offset under torch.compile, with and without ``fullgraph``: its value is not read while
+    compiling (no graph break, no data-dependent branch), and the rows are those of the int offset, in the cache and
+    past it."""
+    x = torch.randn(3, 2, 8)
+    for fullgraph in (True, False):
+        torch._dynamo.reset()
+        module = PositionalEncoding(8, max_len=64).eval()
+        compiled = torch.compile(module, backend="eager", fullgraph=fullgraph)
+        for offset in (5, 6, 70):
+            assert torch.equal(
+                compiled(x, offset=torch.tensor(offset)), module(x, offset=offset)
+            ), offset
+    torch._dynamo.reset()

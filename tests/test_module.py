@@ -1,6 +1,8 @@
 """posenc.PositionalEncoding and get_positional_encoding: drop-in equality with the classic modules (labml's,
 spotpython's, the PyTorch tutorial's, whose language model runs unchanged with posenc swapped in), layouts, long
-sequences, offsets, explicit positions, dtypes, dropout, the cache and checkpoints."""
+sequences, offsets, explicit positions, dtypes, dropout, the cache and checkpoints; every setting against Python's
+math module, outputs and gradients pinned bitwise, read-only settings, checkpoint tables that must not be dropped,
+and no host synchronisation on an accelerator."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tests.classic import (
     TutorialPositionalEncoding,
     labml_get_positional_encoding,
 )
+from tests.host_syncs import DEVICE, host_syncs
 from tests.test_precision import round_once as single_rounding
 
 
@@ -400,3 +403,329 @@ def test_docstrings_read_as_plain_text() -> None:
     for obj in objects:
         doc = obj.__doc__ or ""
         assert "$" not in doc and not re.search(r"\\[A-Za-z]+", doc), obj
+
+
+# --- pinned values, every setting against an independent reference ------------------------------------------
+
+
+def frozen_recipe(positions: Tensor, d_model: int) -> Tensor:
+    """The float64 table posenc rounds once, computed as posenc computes it (paper frequencies, interleaved):
+    ``[*positions.shape, d_model]``. A frozen copy, so that a change of the arithmetic anywhere in posenc (a
+    reordered product, another pow) changes a bit somewhere and fails ``test_outputs_and_gradients_are_pinned``."""
+    i = torch.arange((d_model + 1) // 2, dtype=torch.float64)
+    omega = torch.pow(10000.0, -2.0 * i / d_model)
+    angle = positions.to(torch.float64).unsqueeze(-1) * omega
+    return torch.stack((torch.sin(angle), torch.cos(angle)), dim=-1).flatten(-2)[
+        ..., :d_model
+    ]
+
+
+def _pinned(positions: Tensor, d_model: int, dtype: torch.dtype) -> Tensor:
+    exact = frozen_recipe(positions, d_model)
+    return torch.from_numpy(single_rounding(exact.numpy(), dtype)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_bytes", [None, 4096], ids=["whole", "chunked"])
+def test_outputs_and_gradients_are_pinned_bitwise(
+    dtype: torch.dtype, chunk_bytes: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chapter 08's experiment trains with ``PositionalEncoding(d_model, batch_first=True)`` and explicit
+    ``positions``: its outputs and gradients, and those of every other valid use (the cache, offsets, rows past the
+    cache, positions shared or per sequence, dropout), are bitwise the frozen recipe's values rounded once, also
+    when the rows are built in chunks of a few positions (``chunk_bytes``)."""
+    if chunk_bytes is not None:
+        monkeypatch.setattr(posenc.module, "CHUNK_BYTES", chunk_bytes)
+        assert len(posenc.module._row_ranges(40, 12, 4)) > 1, (
+            "the rows must come in several chunks"
+        )
+    d = 12
+    bf = PositionalEncoding(d, batch_first=True, max_len=16)
+    sf = PositionalEncoding(d, max_len=16)
+    x = torch.randn(3, 40, d).to(dtype)  # [batch, seq, d]
+    per_row = torch.randint(0, 3000, (3, 40))
+    cases = [
+        (bf(x, positions=per_row), x + _pinned(per_row, d, dtype)),
+        (bf(x, positions=per_row[0]), x + _pinned(per_row[0], d, dtype)),
+        (bf(x[:, :10], offset=3), x[:, :10] + _pinned(torch.arange(3, 13), d, dtype)),
+        (bf(x), x + _pinned(torch.arange(40), d, dtype)),  # past max_len = 16
+        (
+            sf(x.transpose(0, 1)).transpose(0, 1),
+            x + _pinned(torch.arange(40), d, dtype),
+        ),
+        (
+            sf(x[0, :5, None], offset=5000)[:, 0],
+            x[0, :5] + _pinned(torch.arange(5000, 5005), d, dtype),
+        ),
+    ]
+    for i, (got, expected) in enumerate(cases):
+        assert torch.equal(got, expected), i
+    # the experiment's training step: dropout masks and gradients, against the same expression in plain torch
+    train = PositionalEncoding(d, dropout_prob=0.25, batch_first=True).train()
+    a, b = (x.float().clone().requires_grad_() for _ in range(2))
+    torch.manual_seed(1)
+    out = train(a, positions=per_row)
+    torch.manual_seed(1)
+    reference = nn.functional.dropout(
+        b + _pinned(per_row, d, torch.float32), 0.25, training=True
+    )
+    weight = torch.randn_like(out)
+    (out * weight).sum().backward()
+    (reference * weight).sum().backward()
+    assert torch.equal(out, reference) and torch.equal(a.grad, b.grad)
+
+
+def python_reference(
+    positions: list[int], d_model: int, base: float, layout: str, schedule: str
+) -> Tensor:
+    """The encoding from its definition with Python's ``math`` (no torch arithmetic): ``[len(positions),
+    d_model]`` float64. ``"paper"``: ω_i = base^(-2i/d) for i < ceil(d/2); ``"tensor2tensor"``: ω_i =
+    base^(-i/max(d//2 - 1, 1)) for i < d//2, and a 0 appended for odd d (its sine is a zero channel).
+    ``"interleaved"``: sin ω_0, cos ω_0, sin ω_1, ..., cut to d; ``"concat"``: every sine, then the cosines of
+    the d//2 first pairs (tensor2tensor with odd d: the sines and cosines of the d//2 pairs, then the zero)."""
+    if schedule == "paper":
+        omega = [base ** (-2 * i / d_model) for i in range((d_model + 1) // 2)]
+    else:
+        m = d_model // 2
+        omega = [base ** (-i / max(m - 1, 1)) for i in range(m)] + [0.0] * (d_model % 2)
+    rows = []
+    for p in positions:
+        sin, cos = [math.sin(p * w) for w in omega], [math.cos(p * w) for w in omega]
+        if layout == "interleaved":
+            row = [v for pair in zip(sin, cos) for v in pair][:d_model]
+        elif schedule == "tensor2tensor" and d_model % 2:
+            row = sin[:-1] + cos[:-1] + sin[-1:]
+        else:
+            row = sin + cos[: d_model // 2]
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("d_model", [7, 10])
+@pytest.mark.parametrize("layout", ["interleaved", "concat"])
+@pytest.mark.parametrize("schedule", ["paper", "tensor2tensor"])
+def test_every_setting_against_python_math(
+    d_model: int, layout: str, schedule: str
+) -> None:
+    """Non-default values of every setting (base, max_len, batch_first, layout, frequencies, dropout), in float64
+    against ``math.sin`` and ``math.cos``: a module that ignored any of them would fail here."""
+    base, max_len, p = 100.0, 6, 0.25
+    kwargs = {"base": base, "layout": layout, "frequencies": schedule}
+    reference = python_reference(
+        list(range(12)), d_model, base, layout, schedule
+    )  # [12, d]
+    seq_first = PositionalEncoding(d_model, p, max_len, **kwargs).eval()
+    batch_first = PositionalEncoding(
+        d_model, p, max_len, batch_first=True, **kwargs
+    ).eval()
+    zeros = torch.zeros(4, 3, d_model, dtype=torch.float64)
+    # positions 3..6 (crossing max_len = 6), then 0..3 from the cache
+    close = dict(rtol=0, atol=1e-13)
+    torch.testing.assert_close(
+        seq_first(zeros, offset=3), reference[3:7, None].expand(4, 3, d_model), **close
+    )
+    torch.testing.assert_close(
+        batch_first(zeros), reference[None, :3].expand(4, 3, d_model), **close
+    )
+    positions = torch.tensor(
+        [[11, 0, 5], [2, 2, 9], [0, 1, 2], [7, 3, 10]]
+    )  # [batch=4, seq=3]
+    torch.testing.assert_close(
+        batch_first(zeros, positions=positions), reference[positions], **close
+    )
+    assert [tuple(t.shape) for t in batch_first._tables.values()] == [
+        (max_len, d_model)
+    ]
+    # dropout_prob: in training, a quarter of the entries dropped and the rest scaled by 1 / (1 - p)
+    torch.manual_seed(0)
+    x = torch.full((12, 64, d_model), 3.0, dtype=torch.float64)  # x + PE is never 0
+    dropped = seq_first.train()(x)
+    kept = dropped != 0
+    assert 0.2 < 1 - kept.double().mean().item() < 0.3
+    scaled = ((x + reference[:, None]) / (1 - p))[kept]
+    torch.testing.assert_close(dropped[kept], scaled, **close)
+
+
+# --- read-only settings, pickles --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("d_model", 8), ("max_len", 10), ("base", 100.0), ("batch_first", True),
+     ("layout", "concat"), ("frequencies", "tensor2tensor")],
+)  # fmt: skip
+def test_settings_cannot_change_after_construction(name: str, value: object) -> None:
+    """The cached tables follow the settings: an assignment after the first forward is refused, naming the setting
+    and the fix, and the module keeps computing what it was built for."""
+    module = PositionalEncoding(16, max_len=32)
+    x = torch.randn(
+        5, 5, 16
+    )  # batch == seq_len: a stale batch_first would not even change the shape
+    before = module(x)
+    with pytest.raises(
+        AttributeError, match=rf"{name} is fixed at construction .* {name}={value!r}"
+    ):
+        setattr(module, name, value)
+    assert getattr(module, name) != value and torch.equal(module(x), before)
+
+
+def test_a_pickle_with_plain_setting_attributes_still_loads() -> None:
+    """Pickles of the module made before its settings were read-only hold them as plain attributes."""
+    module = PositionalEncoding(16, max_len=32, base=100.0, batch_first=True)
+    state = module.__getstate__()
+    state.update(state.pop("_settings"))  # the older layout of the instance dictionary
+    old = PositionalEncoding.__new__(PositionalEncoding)
+    old.__setstate__(state)
+    assert (old.d_model, old.max_len, old.base, old.batch_first) == (
+        16,
+        32,
+        100.0,
+        True,
+    )
+    x = torch.randn(2, 40, 16)
+    assert torch.equal(old(x), module(x))
+
+
+# --- checkpoints that must not load silently --------------------------------------------------------------------
+
+
+def _load_table(
+    table: object, module: PositionalEncoding | None = None, key: str = "pe"
+) -> object:
+    module = module if module is not None else PositionalEncoding(16)
+    return module.load_state_dict({key: table}, strict=True)
+
+
+def test_classic_tables_load_in_any_dtype_and_shape() -> None:
+    """spotpython's default table (12,552 positions at d_model = 512, where the classic float32 error is largest),
+    and a classic table as saved after ``model.to(dtype)`` and in the shapes classic code stores it: each is this
+    module's encoding to within the classic recipe's rounding, so it loads and is dropped."""
+    result = _load_table(
+        SpotpythonPositionalEncoding(512, 0.0).pe, PositionalEncoding(512)
+    )
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
+    table = TutorialPositionalEncoding(64, 0.0, max_len=3000).pe  # [3000, 1, 64]
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):
+        _load_table(table.to(dtype), PositionalEncoding(64))
+    for shaped in (
+        table[:, 0],
+        table.transpose(0, 1),
+    ):  # [max_len, d_model], [1, max_len, d_model]
+        _load_table(shaped, PositionalEncoding(64))
+    _load_table(
+        labml_get_positional_encoding(64, 3000),
+        PositionalEncoding(64),
+        key="positional_encodings",
+    )
+
+
+#: (what, the table saved as `pe`, what the error says)
+FOREIGN_TABLES = [
+    (
+        "learned",
+        nn.Parameter(torch.randn(64, 1, 16) * 0.7),
+        r"not this module's sinusoidal encoding",
+    ),
+    (
+        "trained from the sinusoids",
+        sinusoidal_encoding(64, 16).unsqueeze(1) + 1e-3,
+        r"differs by 0\.001",
+    ),
+    (
+        "another layout",
+        sinusoidal_encoding(64, 16, layout="concat").unsqueeze(1),
+        r"layout='concat'",
+    ),
+    (
+        "another base",
+        sinusoidal_encoding(64, 16, base=100.0).unsqueeze(1),
+        r"not this module's",
+    ),
+    ("NaN", torch.full((64, 1, 16), float("nan")), r"differs by nan"),
+    ("0-d", torch.tensor(1.0), r"got a tensor of shape \(\)"),
+    ("a list", [[0.0] * 16], r"got a list"),
+    ("1-D", torch.zeros(16), r"got a tensor of shape \(16,\)"),
+    ("integers", torch.zeros(64, 1, 16, dtype=torch.long), r"dtype torch\.int64"),
+    (
+        "another width",
+        sinusoidal_encoding(64, 8).unsqueeze(1),
+        r"width 8, this module has d_model=16",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "table", "says"), FOREIGN_TABLES, ids=[c[0] for c in FOREIGN_TABLES]
+)
+def test_a_table_that_is_not_this_encoding_is_a_load_error(
+    what: str, table: object, says: str
+) -> None:
+    """A checkpoint's ``pe`` that is not this module's encoding (learned values, another layout or base, a
+    corrupt entry) would be lost if dropped: ``load_state_dict`` raises an error naming the key and saying what to
+    do, with ``strict=False`` too (as torch does for a size mismatch)."""
+    for strict in (True, False):
+        with pytest.raises(
+            RuntimeError, match=r"(?s)\bpe: .*" + says + r".*delete the key"
+        ):
+            PositionalEncoding(16).load_state_dict({"pe": table}, strict=strict)
+
+
+def test_a_table_in_another_layout_loads_into_a_module_of_that_layout() -> None:
+    table = sinusoidal_encoding(
+        64, 16, layout="concat", frequencies="tensor2tensor"
+    ).unsqueeze(1)
+    module = PositionalEncoding(16, layout="concat", frequencies="tensor2tensor")
+    assert _load_table(table, module).unexpected_keys == []
+
+
+def test_a_table_on_the_meta_device_has_no_values_to_compare() -> None:
+    result = _load_table(torch.empty(64, 1, 16, device="meta"))
+    assert result.unexpected_keys == []
+
+
+# --- offsets, host synchronisation ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("offset", [2**53 + 1, 2**63 - 1, 2**64])
+def test_an_offset_beyond_2_to_the_53_names_offset(offset: int) -> None:
+    with pytest.raises(ValueError, match=rf"^offset must be .*2\*\*53.*got {offset}"):
+        PositionalEncoding(8)(torch.zeros(2, 1, 8), offset=offset)
+    assert PositionalEncoding(8)(torch.zeros(1, 1, 8), offset=2**53).shape == (1, 1, 8)
+
+
+def test_the_forward_on_an_accelerator_reads_no_value() -> None:
+    """On a GPU a value read is a host synchronisation: the forward reads none there (fake accelerator tensors,
+    ``tests/host_syncs.py``), in every path: the cache, past it, explicit positions, a tensor offset, dropout.
+    On the CPU the same values are checked (``tests/bad_inputs.py``)."""
+    module = PositionalEncoding(16, dropout_prob=0.1, max_len=8)
+    x = lambda: torch.zeros(5, 2, 16, device=DEVICE)  # noqa: E731
+    calls = {
+        "cache": lambda x: module.eval()(x, offset=2),
+        "past the cache": lambda x: module.eval()(x, offset=20),
+        "positions [seq_len]": lambda x: module.eval()(
+            x, positions=torch.arange(5, device=DEVICE)
+        ),
+        "positions [batch, seq_len]": lambda x: module.eval()(
+            x, positions=torch.arange(10, device=DEVICE).view(2, 5)
+        ),
+        "tensor offset": lambda x: module.eval()(
+            x, offset=torch.zeros((), dtype=torch.long, device=DEVICE) + 3
+        ),
+        "training": lambda x: module.train()(x),
+        "training, past the cache": lambda x: module.train()(x, offset=20),
+    }
+    syncs = {name: host_syncs(call, x) for name, call in calls.items()}
+    assert syncs == {name: [] for name in calls}
+
+
+def test_vmap_and_grad_over_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside torch.func (vmap over sequences and their positions, grad) the values are per sample: none is read,
+    no row is written in place, and the results are the plain call's, also where rows come in pieces."""
+    monkeypatch.setattr(posenc.module, "CHUNK_BYTES", 1024, raising=False)
+    module = PositionalEncoding(8, max_len=4, batch_first=True)
+    x, positions = torch.randn(3, 20, 8), torch.randint(0, 100, (3, 20))
+    per_sample = torch.func.vmap(lambda xi, pi: module(xi[None], positions=pi)[0])
+    assert torch.equal(per_sample(x, positions), module(x, positions=positions))
+    assert torch.equal(torch.func.vmap(lambda xi: module(xi[None])[0])(x), module(x))
+    grad = torch.func.grad(lambda xi: (module(xi[None]) * x[1]).sum())(x[0])
+    assert torch.equal(grad, x[1])

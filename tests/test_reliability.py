@@ -240,7 +240,12 @@ def test_posenc_checkpoint_loads_into_a_different_max_len() -> None:
     buffer = _saved(saved)
     assert buffer.getbuffer().nbytes < 4096  # weights only: no table in the checkpoint
     loaded = _Model(PositionalEncoding(16, max_len=32))
-    assert loaded.load_state_dict(torch.load(buffer), strict=True) is not None
+    assert not torch.equal(
+        loaded.proj.weight, saved.proj.weight
+    )  # another initialisation
+    result = loaded.load_state_dict(torch.load(buffer), strict=True)
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
+    assert torch.equal(loaded.proj.weight, saved.proj.weight)
     for seq_len in (10, 32, 100):  # inside and beyond the new, smaller cache
         x = torch.randn(seq_len, 2, 16)
         assert torch.equal(loaded(x), saved(x))
@@ -285,7 +290,11 @@ def test_classic_checkpoints_load_strictly(classic: type[nn.Module]) -> None:
         _saved(old)
     )  # through a file, as users do (weights_only loading)
     new = _Model(PositionalEncoding(16, max_len=64)).eval()
-    assert new.load_state_dict(state, strict=True) is not None
+    result = new.load_state_dict(state, strict=True)
+    assert (result.missing_keys, result.unexpected_keys) == ([], [])
+    assert torch.equal(
+        new.proj.bias, old.proj.bias
+    )  # the weights loaded, the table dropped
     x = torch.randn(50, 2, 16)
     assert (new(x) - old(x)).abs().max().item() < 1e-5
 
