@@ -545,11 +545,13 @@ def peak_memory(
 ) -> dict[str, Any]:
     """The growth of a fresh process's peak resident set while ``call`` runs (Linux), with the result's size:
     ``{"result_bytes", "peak_bytes", "ratio"}``; ``package``: the directory posenc is imported from;
-    ``one_block``: build every table in one block (``posenc.sincos._CHUNK_BYTES`` set beyond any table)."""
+    ``one_block``: build every table in one block (``posenc.encoding.CHUNK_BYTES`` set beyond any table)."""
     import subprocess
 
     block = (
-        "import posenc.sincos; posenc.sincos._CHUNK_BYTES = 2**62" if one_block else ""
+        "import posenc.encoding; posenc.encoding.CHUNK_BYTES = 2**62"
+        if one_block
+        else ""
     )
     script = _PEAK_SCRIPT.format(
         path=str(package), setup=setup, call=call, one_block=block

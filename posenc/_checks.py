@@ -16,6 +16,7 @@ __all__ = [
     "check_integer_tensor",
     "check_offset",
     "check_real",
+    "in_torch_func",
     "values_checkable",
 ]
 
@@ -197,7 +198,7 @@ def check_integer_tensor(name: str, value: Tensor, fix: str) -> None:
         )
 
 
-def _wrapped(x: Tensor) -> bool:
+def in_torch_func(x: Tensor) -> bool:
     """A tensor inside torch.func (vmap, grad, jvp): its values are per-sample."""
     wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return wrapped is not None and wrapped(x)
@@ -220,4 +221,4 @@ def values_checkable(x: Tensor) -> bool:
         return False
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
-    return not (is_fake(x) or _wrapped(x))
+    return not (is_fake(x) or in_torch_func(x))

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-__all__ = ["LAYOUTS", "SCHEDULES", "frequencies", "sinusoidal_encoding"]
+__all__ = ["CHUNK_BYTES", "LAYOUTS", "SCHEDULES", "frequencies", "sinusoidal_encoding"]
 
 import torch
 from torch import Tensor
@@ -16,10 +16,19 @@ from posenc._checks import (
     check_dtype,
     check_int,
     check_integer_tensor,
+    in_torch_func,
+    values_checkable,
 )
 
 LAYOUTS = ("interleaved", "concat")
 SCHEDULES = ("paper", "tensor2tensor")
+#: The least working memory, in bytes, a table build may use at once besides
+#: its result: larger tables are built in blocks of rows whose float64
+#: temporaries stay within max(CHUNK_BYTES, a quarter of the result).
+CHUNK_BYTES = 8 * 2**20
+# bytes of float64 temporaries per entry of a block (angle, sine, cosine, their
+# interleaving and the rounding), an upper estimate
+_WORK_BYTES = 48
 
 
 def _check_table_args(
@@ -181,12 +190,13 @@ def sinusoidal_encoding(
             f"posenc.timestep_embedding(t, {d_model}) (diffusers' convention: "
             "all sines, then all cosines)",
         )
-        # a value check: skipped under torch.compile and on the meta device,
-        # where values are unknown
-        checkable = (
-            not torch.compiler.is_compiling() and positions.device.type != "meta"
-        )
-        if checkable and positions.numel() and bool((positions < 0).any()):
+        # a value check: skipped where values cannot be read (compile, export,
+        # torch.func, meta or fake tensors) or would stall the host (a GPU)
+        if (
+            values_checkable(positions)
+            and positions.numel()
+            and bool((positions < 0).any())
+        ):
             raise ValueError(
                 f"positions must be >= 0, got a minimum of {int(positions.min())}; "
                 "shift them, e.g. positions - positions.min()"
@@ -206,7 +216,7 @@ def sinusoidal_encoding(
                 f"positions must be >= 0 when given as a count n, got {positions}"
             )
         p = torch.arange(positions, dtype=torch.float64, device=device)
-    return _round_once(_encode(p, d_model, base, layout, frequencies), dtype)
+    return _encoding_rows(p, d_model, base, layout, frequencies, dtype)
 
 
 def _round_once(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -230,3 +240,40 @@ def _round_once(x: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(
         y.double() != x, (y.view(torch.int32) | 1).view(torch.float32), y
     ).to(dtype)
+
+
+def _row_ranges(
+    rows: int, row_entries: int, result_bytes: int
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` ranges of ``rows`` rows of ``row_entries`` entries each,
+    whose float64 temporaries (about ``_WORK_BYTES`` per entry) stay within
+    max(``CHUNK_BYTES``, ``result_bytes`` / 4); one range while a graph is
+    recorded (compile, export, trace), where a loop would fix the sizes."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or rows <= 1:
+        return [(0, rows)]
+    budget = max(CHUNK_BYTES, result_bytes // 4)
+    step = max(1, budget // (_WORK_BYTES * max(row_entries, 1)))
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _encoding_rows(
+    p: Tensor, d_model: int, base: float, layout: str, schedule: str,
+    dtype: torch.dtype, chunked: bool = True,
+) -> Tensor:  # fmt: skip
+    """The encoding of float64 positions ``p`` (any shape), rounded once to
+    ``dtype``: ``[*p.shape, d_model]``, built in blocks of positions unless
+    ``chunked`` is False (the same values: every entry is computed on its own)."""
+    # one block while a graph is recorded, and inside torch.func (vmap, grad),
+    # where the blocks' in-place writes into a new tensor are not allowed
+    eager = not (torch.compiler.is_compiling() or torch.jit.is_tracing())
+    chunked = chunked and eager and not in_torch_func(p)
+    n = p.numel()
+    ranges = _row_ranges(n, d_model, n * d_model * dtype.itemsize) if chunked else []
+    if len(ranges) <= 1:
+        return _round_once(_encode(p, d_model, base, layout, schedule), dtype)
+    flat = p.reshape(-1)
+    out = torch.empty(n, d_model, dtype=dtype, device=p.device)
+    for start, stop in ranges:
+        block = _encode(flat[start:stop], d_model, base, layout, schedule)
+        out[start:stop] = _round_once(block, dtype)
+    return out.view(*p.shape, d_model)

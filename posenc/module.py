@@ -4,12 +4,7 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "CHUNK_BYTES",
-    "CLASSIC_TABLE_KEYS",
-    "PositionalEncoding",
-    "get_positional_encoding",
-]
+__all__ = ["CLASSIC_TABLE_KEYS", "PositionalEncoding", "get_positional_encoding"]
 
 import numbers
 from typing import Any
@@ -24,14 +19,16 @@ from posenc._checks import (
     check_count,
     check_integer_tensor,
     check_offset,
+    in_torch_func,
     values_checkable,
 )
 from posenc.encoding import (
     LAYOUTS,
     SCHEDULES,
     _encode,
+    _encoding_rows,
     _omega,
-    _round_once,
+    _row_ranges,
     sinusoidal_encoding,
 )
 
@@ -39,14 +36,6 @@ from posenc.encoding import (
 #: EmbeddingsWithPositionalEncoding (its PositionalEncoding saves none) and the
 #: PyTorch tutorial's / spotpython's PositionalEncoding.
 CLASSIC_TABLE_KEYS = ("positional_encodings", "pe")
-
-#: The least float64 working memory a table build may use at once, in bytes.
-#: Longer tables are built in chunks of rows whose temporaries stay within
-#: max(CHUNK_BYTES, a quarter of the result).
-CHUNK_BYTES = 16 * 2**20
-# Bytes of float64 temporaries per entry of a chunk (the angle, sine and cosine,
-# their interleaving and the rounding), an upper estimate
-_WORK_BYTES = 48
 
 
 def _check_dropout(dropout_prob: object, dropout: object) -> float:
@@ -76,41 +65,6 @@ def _check_dropout(dropout_prob: object, dropout: object) -> float:
     return float(p)
 
 
-def _row_ranges(rows: int, width: int, itemsize: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` ranges of ``rows`` rows of ``width`` entries whose float64
-    temporaries (about ``_WORK_BYTES`` per entry) stay within max(``CHUNK_BYTES``,
-    a quarter of the result); one range while a graph is recorded (compile,
-    export, trace), where a loop would fix the sizes."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or rows <= 1:
-        return [(0, rows)]
-    budget = max(CHUNK_BYTES, rows * width * itemsize // 4)
-    step = max(1, budget // (_WORK_BYTES * width))
-    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
-
-
-def _encoding_rows(
-    p: Tensor, d_model: int, base: float, layout: str, schedule: str,
-    dtype: torch.dtype, chunked: bool = True,
-) -> Tensor:  # fmt: skip
-    """The encoding of float64 positions ``p`` (any shape), rounded once to
-    ``dtype``: ``[*p.shape, d_model]``, built in chunks of positions unless
-    ``chunked`` is False (the values of :func:`posenc.sinusoidal_encoding`, which
-    computes every entry on its own)."""
-    # one piece while a graph is recorded, and inside torch.func (vmap, grad),
-    # where the pieces' in-place writes into a new tensor are not allowed
-    eager = not (torch.compiler.is_compiling() or torch.jit.is_tracing())
-    chunked = chunked and eager and not _functorch_wrapped(p)
-    ranges = _row_ranges(p.numel(), d_model, dtype.itemsize) if chunked else []
-    if len(ranges) <= 1:
-        return _round_once(_encode(p, d_model, base, layout, schedule), dtype)
-    flat = p.reshape(-1)
-    out = torch.empty(flat.shape[0], d_model, dtype=dtype, device=p.device)
-    for start, stop in ranges:
-        block = _encode(flat[start:stop], d_model, base, layout, schedule)
-        out[start:stop] = _round_once(block, dtype)
-    return out.view(*p.shape, d_model)
-
-
 def _channel_frequencies(
     d_model: int, base: float, layout: str, schedule: str
 ) -> Tensor:
@@ -123,16 +77,10 @@ def _channel_frequencies(
     return torch.cat((omega, omega[: d_model // 2]))
 
 
-def _functorch_wrapped(x: Tensor) -> bool:
-    """A tensor inside torch.func (vmap, grad, jvp)."""
-    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-    return wrapped is not None and wrapped(x)
-
-
 def _without_derivative(x: Tensor) -> bool:
     """Whether ``x + rows`` records no derivative (autograd, forward AD,
     torch.func), so that the rows may be added into a new tensor in place."""
-    if (torch.is_grad_enabled() and x.requires_grad) or _functorch_wrapped(x):
+    if (torch.is_grad_enabled() and x.requires_grad) or in_torch_func(x):
         return False
     return torch.autograd.forward_ad.unpack_dual(x).tangent is None
 
@@ -425,7 +373,9 @@ class PositionalEncoding(nn.Module):
             return x + (rows if self.batch_first else rows.unsqueeze(1))
         axis = 1 if self.batch_first else 0
         out = torch.empty_like(x)
-        for start, stop in _row_ranges(end - offset, self.d_model, x.dtype.itemsize):
+        for start, stop in _row_ranges(
+            end - offset, self.d_model, (end - offset) * self.d_model * x.dtype.itemsize
+        ):
             rows = self._rows(p[start:stop], x.dtype, chunked=False)
             rows = rows if self.batch_first else rows.unsqueeze(1)
             span = (axis, start, stop - start)
@@ -591,7 +541,7 @@ def _excess(
     """
     omega = _channel_frequencies(d_model, base, layout, schedule).to(rows.device)
     narrow = torch.finfo(rows.dtype).eps / 2 if rows.dtype.itemsize < 4 else 0.0
-    for start, stop in _row_ranges(rows.shape[0], d_model, 8):
+    for start, stop in _row_ranges(rows.shape[0], d_model, rows.shape[0] * d_model * 8):
         p = torch.arange(start, stop, device=rows.device).to(torch.float64)
         error = (
             rows[start:stop].double() - _encode(p, d_model, base, layout, schedule)

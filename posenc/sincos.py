@@ -20,15 +20,15 @@ import torch
 from torch import Tensor
 
 from posenc._checks import (
-    _wrapped,
     check_bool,
     check_choice,
     check_count,
     check_dtype,
     check_real,
+    in_torch_func,
     values_checkable,
 )
-from posenc.encoding import _round_once
+from posenc.encoding import _round_once, _row_ranges
 
 
 def _sincos(p: Tensor, half: int, shift: float, base: float, cos_first: bool) -> Tensor:
@@ -57,32 +57,11 @@ def _round(x: Tensor, dtype: torch.dtype) -> Tensor:
     if dtype not in (torch.float16, torch.bfloat16):
         return _round_once(x, dtype)
     tracked = x.requires_grad or (not torch.compiler.is_compiling() and (
-        _wrapped(x) or torch.autograd.forward_ad.unpack_dual(x).tangent is not None
+        in_torch_func(x) or torch.autograd.forward_ad.unpack_dual(x).tangent is not None
     ))  # fmt: skip
     if not tracked:
         return _round_once(x, dtype)
     return _round_once(x.detach(), dtype) + (x - x.detach()).to(dtype)
-
-
-# The least float64 working memory a table build may use at once, in bytes.
-# Larger tables are built in chunks of rows whose temporaries stay within a
-# quarter of the table (tests/test_timesteps.py measures the peak).
-_CHUNK_BYTES = 4 * 2**20
-# Bytes of float64 temporaries per entry of a chunk (the angle, sine, cosine,
-# their concatenation and the rounding to odd), an upper estimate
-_WORK_BYTES = 48
-
-
-def _chunks(rows: int, row_entries: int, result_bytes: int) -> list[tuple[int, int]]:
-    """``(start, stop)`` ranges of ``rows`` rows, each chunk's temporaries (about
-    ``_WORK_BYTES`` per entry) within max(``_CHUNK_BYTES``, result / 4); one
-    range while a graph is recorded (compile, export, trace) or in torch.func,
-    where a loop would fix the sizes or an in-place write is not allowed."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or rows <= 1:
-        return [(0, rows)]
-    budget = max(_CHUNK_BYTES, result_bytes // 4)
-    step = max(1, budget // (_WORK_BYTES * max(row_entries, 1)))
-    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
 def _table(
@@ -96,7 +75,7 @@ def _table(
     """``[rows, *row_shape]`` of ``dtype``, rows ``start:stop`` being
     ``block(start, stop)`` (float64) rounded once, built chunk by chunk."""
     entries = math.prod(row_shape)
-    ranges = _chunks(rows, entries, rows * entries * dtype.itemsize)
+    ranges = _row_ranges(rows, entries, rows * entries * dtype.itemsize)
     if one_block or len(ranges) == 1:
         return _round(block(0, rows), dtype)
     out = torch.empty((rows, *row_shape), dtype=dtype, device=device)
@@ -259,7 +238,7 @@ def timestep_embedding(
             emb = torch.cat((emb, emb.new_zeros(stop - start, 1)), dim=-1)
         return emb
 
-    whole = not torch.compiler.is_compiling() and _wrapped(t)  # torch.func
+    whole = not torch.compiler.is_compiling() and in_torch_func(t)  # torch.func
     emb = _table(p.shape[0], (dim,), dtype, t.device, rows, one_block=whole)
     return emb.expand(n, dim).contiguous() if expanded else emb
 
@@ -491,7 +470,7 @@ def sincos_grid(
         p = torch.arange(sizes[axis], dtype=torch.float64, device=device)
         if divisors[axis] != 1.0:
             p = p / divisors[axis]
-        for a, b in _chunks(sizes[axis], 2 * half, result_bytes):
+        for a, b in _row_ranges(sizes[axis], 2 * half, result_bytes):
             # rows a:b of this axis's table, rounded once, copied into every
             # token at those positions without arithmetic
             rows = _round(_sincos(p[a:b], half, shift, base, False), dtype)

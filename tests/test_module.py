@@ -435,8 +435,8 @@ def test_outputs_and_gradients_are_pinned_bitwise(
     cache, positions shared or per sequence, dropout), are bitwise the frozen recipe's values rounded once, also
     when the rows are built in chunks of a few positions (``chunk_bytes``)."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(posenc.module, "CHUNK_BYTES", chunk_bytes)
-        assert len(posenc.module._row_ranges(40, 12, 4)) > 1, (
+        monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", chunk_bytes)
+        assert len(posenc.encoding._row_ranges(40, 12, 40 * 12 * 4)) > 1, (
             "the rows must come in several chunks"
         )
     d = 12
@@ -721,7 +721,7 @@ def test_the_forward_on_an_accelerator_reads_no_value() -> None:
 def test_vmap_and_grad_over_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside torch.func (vmap over sequences and their positions, grad) the values are per sample: none is read,
     no row is written in place, and the results are the plain call's, also where rows come in pieces."""
-    monkeypatch.setattr(posenc.module, "CHUNK_BYTES", 1024, raising=False)
+    monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", 1024, raising=False)
     module = PositionalEncoding(8, max_len=4, batch_first=True)
     x, positions = torch.randn(3, 20, 8), torch.randint(0, 100, (3, 20))
     per_sample = torch.func.vmap(lambda xi, pi: module(xi[None], positions=pi)[0])

@@ -872,7 +872,7 @@ def test_every_table_build_peaks_within_one_and_a_half_times_its_result(monkeypa
     import posenc.sincos
 
     # small tables, built as a large one would be
-    monkeypatch.setattr(posenc.sincos, "_CHUNK_BYTES", 2**15, raising=False)
+    monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", 2**15, raising=False)
     t = torch.rand(512) * 1000
     mask = torch.zeros(2, 32, 16, dtype=torch.bool)
     mask[1, 20:] = True
@@ -907,12 +907,12 @@ def test_chunks_give_the_bits_of_one_block(monkeypatch):
         lambda: detr_sine_encoding(mask, 16, normalize=True),
     ]
     whole = [build() for build in builds]
-    monkeypatch.setattr(posenc.sincos, "_CHUNK_BYTES", 2**10)  # a few rows per chunk
+    monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", 2**10)  # a few rows per chunk
     for build, expected in zip(builds, whole):
         assert torch.equal(build(), expected)
     # a time step batch of 256 x 320 (the benchmark's) is one chunk at the default
     monkeypatch.undo()
-    assert len(posenc.sincos._chunks(256, 320, 256 * 320 * 4)) == 1
+    assert len(posenc.encoding._row_ranges(256, 320, 256 * 320 * 4)) == 1
 
 
 def test_no_host_synchronisation_on_an_accelerator():
