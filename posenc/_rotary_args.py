@@ -251,10 +251,11 @@ def _check_inputs(
     same = [s for s in shapes if len(s) == positions.dim()]
     if rope.mrope and batch and positions.dim() == 2 and q.shape[0] == axes:
         raise ValueError(
-            f"positions of shape {tuple(positions.shape)} are both [axes, seq_len] and "
-            f"[batch, seq_len] for {named[0][0]} with a batch of {axes} (M-RoPE's axes): "
-            f"pass [axes, batch, seq_len], e.g. position_ids[None].expand({axes}, -1, -1) "
-            "or positions[:, None].expand(-1, batch, -1)"
+            f"positions of shape {tuple(positions.shape)} are both [axes, seq_len] "
+            f"and [batch, seq_len] for {named[0][0]} with a batch of {axes} "
+            "(M-RoPE's axes): pass [axes, batch, seq_len], e.g. "
+            f"position_ids[None].expand({axes}, -1, -1) or "
+            "positions[:, None].expand(-1, batch, -1)"
         )
     if not (same and all(a == b for a, b in zip(positions.shape, same[0]))):
         what = ("[axes, seq_len]" if axes else "[seq_len]") + f"=({axis}{seq_len},)"

@@ -325,7 +325,8 @@ def rotary_embedding_from_config(
             else (f"pass layer_type= one of {tables.layer_types}")
         )
         raise ValueError(
-            f"{family.name} has no rotary parameters for layer_type={layer_type!r}; {fix}"
+            f"{family.name} has no rotary parameters for "
+            f"layer_type={layer_type!r}; {fix}"
         )
     layout = tables._layouts[layer_type]
     _, dropped = _hf_parameters(family, layer_type)

@@ -94,8 +94,9 @@ def _param_int(params: dict[str, Any], key: str, rope_type: str) -> int:
     """``params[key]`` (a context length) as a positive int."""
     if key == "max_position_embeddings" and key not in params:
         raise ValueError(
-            f"rope_type {rope_type!r} needs the model config's max_position_embeddings "
-            f"(the context length it was trained for); {_ADD_LENGTH}"
+            f"rope_type {rope_type!r} needs the model config's "
+            "max_position_embeddings (the context length it was trained for); "
+            + _ADD_LENGTH
         )
     if key not in params:
         raise ValueError(
@@ -234,7 +235,8 @@ def _rope_parameters(
             raise ValueError(
                 f"rope_type {rope_type!r} without scaling['factor'] takes the factor "
                 "as max_position_embeddings / original_max_position_embeddings, and "
-                f"needs the model config's max_position_embeddings for it; {_ADD_LENGTH}"
+                "needs the model config's max_position_embeddings for it; "
+                + _ADD_LENGTH
             )
         params["factor"] = (
             params["max_position_embeddings"]

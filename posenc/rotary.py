@@ -449,7 +449,8 @@ class RotaryEmbedding(nn.Module):
         dtype: torch.dtype,
     ) -> tuple[Tensor, Tensor]:
         """The tables of ``positions``, or of ``offset .. offset + length - 1``:
-        ``[*positions.shape, r]`` (several axes: without the axes) or ``[length, r]``."""
+        ``[*positions.shape, r]`` (several axes: without the axes) or
+        ``[length, r]``."""
         rope, compiling = self._rope, torch.compiler.is_compiling()
         rope.check_traceable()
         offset = _check_offset(offset, positions, rope, "offset")
