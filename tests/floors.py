@@ -33,3 +33,17 @@ def _marker(floor: tuple[int, int], feature: str) -> pytest.MarkDecorator:
 
 needs_compile = _marker(COMPILE_FLOOR, "torch.compile of PositionalEncoding")
 needs_export = _marker(EXPORT_FLOOR, "torch.export of PositionalEncoding")
+
+
+def _has_python_backend() -> bool:
+    from torch.utils import backend_registration
+
+    return hasattr(backend_registration, "_setup_privateuseone_for_python_backend")
+
+
+#: tests/host_syncs.py runs calls on a fake accelerator registered as a Python backend, which older torch lacks
+needs_fake_accelerator = pytest.mark.skipif(
+    not _has_python_backend(),
+    reason="tests/host_syncs.py's fake accelerator needs torch.utils.backend_registration."
+    f"_setup_privateuseone_for_python_backend, which torch {torch.__version__} lacks",
+)

@@ -21,6 +21,7 @@ from posenc._checks import (
     check_real,
     values_checkable,
 )
+from tests.floors import needs_fake_accelerator
 from tests.host_syncs import DEVICE, host_syncs
 
 
@@ -158,6 +159,7 @@ def test_values_are_not_read_inside_torch_func_or_a_compiled_graph() -> None:
     assert torch.equal(compiled(torch.zeros(2)), torch.full((2,), 2.0))
 
 
+@needs_fake_accelerator
 def test_the_host_sync_harness_sees_reads_and_copies_and_nothing_else() -> None:
     make = lambda: torch.arange(8, device=DEVICE)  # noqa: E731
     assert host_syncs(lambda t: t * 2 + t.sum(), make) == []

@@ -22,6 +22,7 @@ from tests.classic import (
     TutorialPositionalEncoding,
     labml_get_positional_encoding,
 )
+from tests.floors import needs_fake_accelerator
 from tests.host_syncs import DEVICE, host_syncs
 from tests.test_precision import round_once as single_rounding
 
@@ -693,6 +694,7 @@ def test_an_offset_beyond_2_to_the_53_names_offset(offset: int) -> None:
     assert PositionalEncoding(8)(torch.zeros(1, 1, 8), offset=2**53).shape == (1, 1, 8)
 
 
+@needs_fake_accelerator
 def test_the_forward_on_an_accelerator_reads_no_value() -> None:
     """On a GPU a value read is a host synchronisation: the forward reads none there (fake accelerator tensors,
     ``tests/host_syncs.py``), in every path: the cache, past it, explicit positions, a tensor offset, dropout.

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from posenc import RotaryEmbedding, apply_rotary, rotary_cos_sin, rotary_frequencies
-from tests.floors import needs_compile
+from tests.floors import needs_compile, needs_fake_accelerator
 from tests.host_syncs import DEVICE, host_syncs
 
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 64}
@@ -239,6 +239,7 @@ SYNC_FREE = {
 }
 
 
+@needs_fake_accelerator
 @pytest.mark.parametrize("name", list(SYNC_FREE))
 def test_no_host_synchronisation_on_an_accelerator(name: str) -> None:
     fn, make = SYNC_FREE[name]

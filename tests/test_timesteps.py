@@ -39,7 +39,7 @@ from posenc import (
 )
 from posenc.encoding import _round_once
 from posenc.sincos import _sincos
-from tests.floors import needs_compile
+from tests.floors import needs_compile, needs_fake_accelerator
 from tests.sincos_peers import (
     adm_timestep_embedding,
     big_vision_posemb_sincos_2d,
@@ -308,13 +308,13 @@ def test_grid_in_one_and_three_axes():
 def test_grid_scale_divides_the_positions_per_axis():
     shape, d = (5, 8), 32
     idx = _tokens(shape).double()
-    ours = sincos_grid(shape, d, scale=(2.5, 0.75), dtype=F64)
+    ours = sincos_grid(shape, d, interpolation_scale=(2.5, 0.75), dtype=F64)
     w = _sincos(idx[:, 1] / 0.75, 8, 0.0, 1e4, False)
     h = _sincos(idx[:, 0] / 2.5, 8, 0.0, 1e4, False)
     assert torch.equal(ours, torch.cat([w, h], -1))
     assert torch.equal(
-        sincos_grid(shape, d, scale=2.0, dtype=F64),
-        sincos_grid(shape, d, scale=(2.0, 2.0), dtype=F64),
+        sincos_grid(shape, d, interpolation_scale=2.0, dtype=F64),
+        sincos_grid(shape, d, interpolation_scale=(2.0, 2.0), dtype=F64),
     )
 
 
@@ -506,8 +506,16 @@ BAD = [
     (lambda: sincos_grid((2, 4, 4), 48, convention="timm"), ValueError, ["'timm'", "2-D", "'mae'"]),
     (lambda: sincos_grid((4, 4), 64, convention="vit"), ValueError, ["convention", "'vit'", "'mae'"]),
     (lambda: sincos_grid((4, 4), 64, base=1.0), ValueError, ["base", "1.0", "base=10000.0"]),
-    (lambda: sincos_grid((4, 4), 64, scale=(1.0,)), ValueError, ["scale", "2", "(1.0,)"]),
-    (lambda: sincos_grid((4, 4), 64, scale=-1.0), ValueError, ["scale", "-1.0"]),
+    (
+        lambda: sincos_grid((4, 4), 64, interpolation_scale=(1.0,)),
+        ValueError,
+        ["interpolation_scale", "2", "(1.0,)"],
+    ),
+    (
+        lambda: sincos_grid((4, 4), 64, interpolation_scale=-1.0),
+        ValueError,
+        ["interpolation_scale", "-1.0"],
+    ),
     (lambda: detr_sine_encoding(MASK.long()), TypeError, ["mask", "torch.int64", "pixel_mask == 0"]),
     (lambda: detr_sine_encoding(MASK[0]), ValueError, ["mask", "(4, 4)", "mask[None]"]),
     (lambda: detr_sine_encoding(MASK, 63), ValueError, ["num_pos_feats", "63", "64"]),
@@ -915,6 +923,7 @@ def test_chunks_give_the_bits_of_one_block(monkeypatch):
     assert len(posenc.encoding._row_ranges(256, 320, 256 * 320 * 4)) == 1
 
 
+@needs_fake_accelerator
 def test_no_host_synchronisation_on_an_accelerator():
     from tests.host_syncs import DEVICE, host_syncs
 

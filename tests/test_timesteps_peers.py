@@ -236,7 +236,9 @@ def test_the_dit_port_shift_and_its_fix():
 
 
 def _within(theirs, shape, dim, convention, scale=1.0, float32=True) -> bool:
-    ours = sincos_grid(shape, dim, convention=convention, scale=scale, dtype=F64)
+    ours = sincos_grid(
+        shape, dim, convention=convention, interpolation_scale=scale, dtype=F64
+    )
     diff = (torch.as_tensor(theirs).double().reshape(ours.shape) - ours).abs()
     theta = _grid_angles(shape, dim, scale)
     if float32:
@@ -322,7 +324,7 @@ def test_patch_embed_fails_on_non_square_grids_unless_cropped():
         embed_dim=dim, pos_embed_max_size=8,
     )  # fmt: skip
     theirs = cropped.cropped_pos_embed(h * patch, w * patch)[0]  # [15, dim]
-    big = sincos_grid((8, 8), dim, scale=8 / h, dtype=F64).view(8, 8, dim)
+    big = sincos_grid((8, 8), dim, interpolation_scale=8 / h, dtype=F64).view(8, 8, dim)
     top, left = (8 - h) // 2, (8 - w) // 2
     ours = big[top : top + h, left : left + w].reshape(-1, dim)
     theta = torch.full_like(ours, 8.0 * h / 8)
