@@ -36,8 +36,8 @@ help:
 	@echo "make check-export   report drift between the notebooks and posenc/ (exit 1 when they differ)"
 	@echo "make lint           ruff on the package, tests, tools and notebooks"
 	@echo "make lab            JupyterLab on book/ with the project's environment (LAB_ARGS='$(LAB_ARGS)')"
-	@echo "make bench          time posenc against the classic recipes, Hugging Face rotary, diffusers and the copy bandwidth -> benchmarks/results/"
-	@echo "make experiment     train tiny transformers with each positional scheme (~38 min on 2 cores) -> experiments/results/"
+	@echo "make bench          time posenc against the classic recipes, Hugging Face rotary (and the swap into a Llama), diffusers and the copy bandwidth; peak memory -> benchmarks/results/"
+	@echo "make experiment     train tiny transformers with each positional scheme (about 2 h on 2 cores; resumes if stopped) -> experiments/results/"
 	@echo "make gpu-check      on a CUDA machine (plain python3 with torch and pytest): GPU tests + benchmark"
 	@echo "make clean          remove the built book and caches"
 
@@ -118,11 +118,14 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench.py --compiled
 	$(PY) benchmarks/bench_rotary.py
+	$(PY) benchmarks/bench_rotary.py --swap-only
 	$(PY) benchmarks/bench_sincos.py
+	$(PY) benchmarks/bench_memory.py
 
-# Tiny decoders with each positional scheme on copy, reverse and sort: 5 seeds each, 5 more where those disagree
-# (110 runs in the committed sweep). The committed run took 93 min wall on 2 cores shared with other work (load
-# average 4.4); a re-run on the quiet machine (2026-12-01) took 37.7 min and reproduced every run's exact match.
+# Tiny decoders with each positional scheme on copy, reverse and sort: a learning rate per pair from a grid of
+# three, then ten seeds per pair (234 runs), kernels pinned to AVX2. Its wall and processor time are recorded in
+# the results file (wall_seconds, cpu_seconds). A stopped sweep resumes from
+# experiments/results/position-matters-cpu.json.partial.jsonl when run again at the same commit.
 experiment: $(STAMP)
 	$(PY) -m experiments.run
 

@@ -84,6 +84,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seeds the choice of the runs --reproduce re-runs (default 0)",
     )
     parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="JSON-lines file of finished runs: a stopped sweep resumes from it "
+        "(default for a full sweep: the results file + .partial.jsonl; removed "
+        "once the results file is written)",
+    )
+    parser.add_argument(
         "--allow-dirty",
         action="store_true",
         help="run the full sweep although experiments/ or posenc/ differ from the "
@@ -163,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
+    checkpoint = args.checkpoint
+    if checkpoint is None and out is not None and not args.quick:
+        checkpoint = out.with_name(out.name + ".partial.jsonl")
     results = sw.sweep(
         config,
         tasks,
@@ -173,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         args.device,
         args.workers,
         weights_dir,
+        checkpoint=checkpoint,
     )
     if out is not None:
         out.write_text(sw.dumps(results))
+        if checkpoint is not None and args.checkpoint is None:
+            checkpoint.unlink(missing_ok=True)
     print(sw.summary_table(results))
     if out is not None:
         print(f"results written to {out}")

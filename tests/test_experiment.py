@@ -148,6 +148,9 @@ def test_the_convergence_rule():
     assert plateaued(_curve([0.5] * 6 + [0.9, 0.9, 0.7, 0.7]), config)
     # one noisy point does not decide: a dip at the last check is outweighed
     assert not plateaued(_curve([0.5] * 6 + [0.6, 0.6, 0.7, 0.6]), config)
+    # still rising, but within 1 point of perfect: nothing left to gain
+    assert plateaued(_curve([0.5] * 6 + [0.9, 0.95, 0.99, 1.0]), config)
+    assert not plateaued(_curve([0.5] * 6 + [0.9, 0.95, 0.98, 0.999]), config)
 
 
 def test_training_stops_where_the_rule_says(monkeypatch):
@@ -580,6 +583,28 @@ def test_the_quick_sweep_is_pinned_and_reproduces_bit_for_bit(tmp_path, capsys):
     )
 
 
+def test_a_stopped_sweep_resumes_from_its_checkpoint(tmp_path):
+    base = "--quick --max-steps 50 --schemes alibi --workers 1 --seeds 0 --lr-grid"
+    check = tmp_path / "runs.jsonl"
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    argv = [*base.split(), "0.003", "0.01", "--checkpoint", str(check)]
+    assert cli.main([*argv, "--out", str(first)]) == 0
+    lines = check.read_text().splitlines()
+    assert len(lines) == 3  # two selection runs, one seed
+    # a sweep killed while writing its last line: that run is run again, the others are not
+    check.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    assert cli.main([*argv, "--out", str(second)]) == 0
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert b["resumed_runs"] == 2 and a["resumed_runs"] == 0
+    assert sw.check_schema(b) == []
+    for stage in ("selection_runs", "runs"):
+        assert [sw.comparable(r) for r in a[stage]] == [
+            sw.comparable(r) for r in b[stage]
+        ]
+    # lines of another commit are not reused
+    assert sw._resumable(check, "0" * 40) == ({}, 0.0)
+
+
 def test_the_pin_is_set_before_torch_reads_it(monkeypatch):
     # a worker without the pin refuses a pinned job
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
@@ -713,17 +738,31 @@ def test_the_kept_weights_are_the_recorded_runs(results):
 
 
 #: Numbers the chapter's markdown may state literally (outside math, code and roles), each a
-#: definition, a choice of illustration or a published figure, never a result of the sweep:
-#: every result is printed by a code cell that reads the results file.
+#: definition, a name or a published figure, never a result of the sweep: every result is
+#: printed by a code cell that reads the results file.
 LITERAL = {
-    # Press et al.'s perplexities and lengths (WikiText-103), Ruoss et al.'s abstract
+    # Press et al.'s perplexities and lengths (WikiText-103), Ruoss et al.'s abstract,
+    # Kazemnejad et al.'s model size (107 million parameters), Zhou et al.'s 2.5 times
     *("1,024", "2,024", "16,024", "103", "19.3", "51.1", "453", "31.2", "107", "18.7"),
-    *("18.1", "18.0", "12.0", "6,000", "15"),
-    # the rules: the 95 % target and interval, the 0.2 spread, the resamples, chance
-    *("95", "0.2", "10,000", "1/16"),
-    # the maps: seed 0, layers 1 and 2, inputs of lengths 14, 18 and 30
-    *("0", "1", "2", "14", "18", "30"),
+    *("18.1", "18.0", "12.0", "6,000", "15", "2.5"),
+    # the rules: 95 % to solve, the last 20 % of steps, 1 point, 100 %
+    *("95", "20", "1", "100"),
+    # names (SHA-256, AVX-512) and the seed of the kept models, 0
+    *("256", "512", "0"),
 }
+
+
+def test_the_rules_are_the_ones_the_chapter_states(results):
+    # the chapter's markdown states these rules in words: the last 20 % of steps against
+    # the 20 % before, 1 point, 95 % to solve, "at least one half" to extrapolate
+    assert (sw.FULL.plateau_window, sw.FULL.plateau_gain) == (0.2, 0.01)
+    assert (sw.TARGET, sw.EXTRAPOLATES, sw.LEVEL) == (0.95, 0.5, 0.95)
+    rules = results["rules"]
+    assert (
+        rules["convergence"]["window"] == 0.2 and rules["convergence"]["gain"] == 0.01
+    )
+    assert rules["target_exact_match_inside"] == 0.95
+    assert rules["extrapolates_threshold"] == 0.5 and rules["level"] == 0.95
 
 
 def test_the_chapter_prose_states_no_result_by_hand():

@@ -407,8 +407,15 @@ def sweep(
     workers: int = 1,
     weights_dir: Path | None = None,
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
     """Choose each pair's learning rate, then train and evaluate every (task, scheme, seed).
+
+    With ``checkpoint``, every finished run is appended to that file (one JSON line), and a run
+    already there for the same commit and the same job is taken from it instead of being run
+    again: a sweep that was stopped resumes where it stopped. Runs are deterministic under the
+    pinned kernels, so a resumed sweep records what an uninterrupted one would (the timings
+    aside: ``wall_seconds`` adds up the wall time of every invocation).
 
     Args:
         config: the settings shared by every run (its ``lr`` is replaced by each pair's).
@@ -421,6 +428,7 @@ def sweep(
         workers: parallel CPU processes, one thread each, kernels pinned.
         weights_dir: where to save the ``KEEP_WEIGHTS`` models (None: keep none).
         log: receives one progress line per finished run.
+        checkpoint: a JSON-lines file of finished runs to resume from and append to (None: none).
 
     Returns:
         the results-file dict.
@@ -453,6 +461,7 @@ def sweep(
     loads: list[float | None] = []
     chosen: dict[str, dict[str, Any]] = {t: {} for t in tasks}
     planned = len(pairs) * (len(lr_grid) * len(selection_seeds) + len(seeds))
+    resumed: list[str] = []
 
     def progress(record: dict[str, Any], stage: str) -> None:
         loads.append(_load())
@@ -474,14 +483,43 @@ def sweep(
         return out
 
     capabilities = set()
+    done_before, wall_before = _resumable(checkpoint, code["commit"])
+    invocation = stamp.isoformat()
     with Runner(workers if device == "cpu" else 0) as runner:
+
+        def submit(job: dict[str, Any], stage: str) -> Future:
+            key = _job_key(job, stage)
+            if key in done_before:
+                future: Future = Future()
+                future.set_result(done_before[key])
+                resumed.append(key)
+                return future
+            future = runner.submit(job)
+            if checkpoint is not None:
+                future.add_done_callback(
+                    lambda f: (
+                        f.exception() is None
+                        and _append(
+                            checkpoint,
+                            {
+                                "commit": code["commit"],
+                                "key": key,
+                                "invocation": invocation,
+                                "elapsed": round(time.perf_counter() - start, 1),
+                                "record": f.result(),
+                            },
+                        )
+                    )
+                )
+            return future
+
         # every pair's first-stage runs; a pair's seeds are queued as soon as its rate is chosen
         pending: dict[Future, tuple[str, tuple[str, str]]] = {}
         for task, scheme in pairs:
             for lr in lr_grid:
                 for seed in selection_seeds:
                     job = _job(config, task, scheme, seed, lr, device, False)
-                    pending[runner.submit(job)] = ("select", (task, scheme))
+                    pending[submit(job, "select")] = ("select", (task, scheme))
         waiting = {pair: len(lr_grid) * len(selection_seeds) for pair in pairs}
         while pending:
             done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
@@ -502,7 +540,7 @@ def sweep(
                         chosen[task][scheme] = {"lr": lr, "by_lr": by_lr}
                         log(f"lr    {task}/{scheme}: {lr:g}")
                         for job in main_jobs(task, scheme, lr):
-                            pending[runner.submit(job)] = ("seed", pair)
+                            pending[submit(job, "seed")] = ("seed", pair)
                 else:
                     records.append(record)
                     progress(record, "seeds")
@@ -519,7 +557,8 @@ def sweep(
         "date": stamp.date().isoformat(),
         "datetime_utc": stamp.isoformat(),
         "code": code,
-        "wall_seconds": round(time.perf_counter() - start, 1),
+        "wall_seconds": round(time.perf_counter() - start + wall_before, 1),
+        "resumed_runs": len(resumed),
         "cpu_seconds": round(sum(r["cpu_seconds"] for r in all_runs), 1),
         "machine": {
             **machine(device),
@@ -577,6 +616,40 @@ def sweep(
     }
     results["summary"] = summarize(results)
     return results
+
+
+def _job_key(job: dict[str, Any], stage: str) -> str:
+    """What identifies a run for resuming: the stage and the whole job, as canonical JSON."""
+    return json.dumps({"stage": stage, **job}, sort_keys=True)
+
+
+def _append(path: Path, entry: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def _resumable(
+    path: Path | None, commit: str | None
+) -> tuple[dict[str, dict[str, Any]], float]:
+    """The finished runs of ``path`` made at ``commit`` (by job key), and the wall time their
+    invocations took (each invocation's last ``elapsed``). Lines of another commit, and a last
+    line cut short by a kill, are ignored."""
+    runs: dict[str, dict[str, Any]] = {}
+    walls: dict[str, float] = {}
+    if path is None or not path.exists() or commit is None:
+        return runs, 0.0
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("commit") != commit:
+            continue
+        runs[entry["key"]] = entry["record"]
+        walls[entry["invocation"]] = max(
+            walls.get(entry["invocation"], 0.0), entry["elapsed"]
+        )
+    return runs, sum(walls.values())
 
 
 def comparable(record: dict[str, Any]) -> dict[str, Any]:

@@ -7,8 +7,8 @@ at every step (no fixed training set, so nothing to memorise), loss on the answe
 Convergence, by a rule recorded in the results file: every ``validate_every`` steps the exact match on a fixed
 validation set (lengths 1..L) is recorded (the learning curve). From ``min_steps`` on, a run stops at the first
 validation step s where the mean exact match over its last ``plateau_window`` (20 %) of steps, (0.8 s, s],
-exceeds the mean over the 20 % before them, (0.6 s, 0.8 s], by less than ``plateau_gain`` (1 point): the run is
-*converged* (``converged``: true).
+exceeds the mean over the 20 % before them, (0.6 s, 0.8 s], by less than ``plateau_gain`` (1 point), or is
+itself within that 1 point of 100 % (no room left to gain it): the run is *converged* (``converged``: true).
 A run that reaches ``max_steps`` without meeting the rule stops there, not converged (unless the rule holds at
 that very step). Converged means "stopped improving on the training lengths", not "solved": a run can converge
 far below 100 %.
@@ -145,6 +145,9 @@ def plateaued(curve: dict[str, list[Any]], config: TrainConfig) -> bool:
     mean exact match at the steps in ((1 - w) s, s] exceeds the mean at the steps in
     ((1 - 2w) s, (1 - w) s] by less than ``plateau_gain`` (w = ``plateau_window``).
 
+    A run whose recent mean is already within ``plateau_gain`` of 1 (perfect) has stopped
+    improving by definition: it cannot gain another ``plateau_gain``.
+
     Means over the points of each window, not single points or maxima: one validation
     point is noisy (a few examples of the fixed set), and comparing maxima of windows of
     different sizes is biased towards stopping."""
@@ -156,8 +159,10 @@ def plateaued(curve: dict[str, list[Any]], config: TrainConfig) -> bool:
     before = [e for t, e in zip(steps, exact) if (1 - 2 * w) * s < t <= (1 - w) * s]
     if not recent or not before:
         return False
-    gain = sum(recent) / len(recent) - sum(before) / len(before)
-    return gain < config.plateau_gain
+    mean = sum(recent) / len(recent)
+    if mean >= 1 - config.plateau_gain:
+        return True  # within one gain of perfect: no room left to improve by a gain
+    return mean - sum(before) / len(before) < config.plateau_gain
 
 
 def sequence_positions(
