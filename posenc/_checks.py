@@ -6,9 +6,11 @@ from __future__ import annotations
 
 __all__ = [
     "MAX_POSITION",
+    "STORAGE_ONLY",
     "check_base",
     "check_bool",
     "check_choice",
+    "check_computable",
     "check_count",
     "check_dtype",
     "check_even",
@@ -190,12 +192,36 @@ def check_offset(offset: object, name: str = "offset", fix: str = "") -> int:
     return offset
 
 
+#: Dtypes torch stores but has no CPU arithmetic for: refused here by name,
+#: not left to a kernel's NotImplementedError deep inside a call.
+STORAGE_ONLY = frozenset(
+    getattr(torch, n)
+    for n in (
+        "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+        "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+    )
+    if hasattr(torch, n)
+)  # fmt: skip
+
+
+def check_computable(name: str, value: Tensor, fix: str) -> None:
+    """A TypeError naming ``name`` if ``value``'s dtype is one torch can store
+    but not compute with on the CPU (``STORAGE_ONLY``)."""
+    if value.dtype in STORAGE_ONLY:
+        raise TypeError(
+            f"{name} has dtype {value.dtype}, which torch stores but cannot "
+            f"compute with on the CPU; {fix}"
+        )
+
+
 def check_integer_tensor(name: str, value: Tensor, fix: str) -> None:
-    """A TypeError naming ``name`` unless ``value`` holds integers (not bool)."""
+    """A TypeError naming ``name`` unless ``value`` holds integers (not bool) of
+    a dtype torch computes with."""
     if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
         raise TypeError(
             f"{name} must be an integer tensor, got dtype {value.dtype}; {fix}"
         )
+    check_computable(name, value, f"convert with {name}.long()")
 
 
 def in_torch_func(x: Tensor) -> bool:

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from posenc._checks import (
     check_choice,
+    check_computable,
     check_int,
     check_integer_tensor,
     check_offset,
@@ -215,6 +216,7 @@ def _check_inputs(
                 f"{name} must be a floating tensor (queries or keys), got dtype "
                 f"{x.dtype}; convert with {name}.float()"
             )
+        check_computable(name, x, f"convert with {name}.float()")
         if x.dim() < -seq_dim:
             want = "[..., seq_len, head_dim] (e.g. [batch, heads, seq_len, head_dim])"
             if seq_dim == -3:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_integer_tensor
+from posenc._checks import check_computable, check_integer_tensor
 from posenc._hf_families import (
     _Family,
     _family,
@@ -192,6 +192,7 @@ class HFRotaryEmbedding(nn.Module):
                 "x must be a floating tensor (the hidden states: the tables take "
                 f"its dtype), got {getattr(x, 'dtype', type(x).__name__)}"
             )
+        check_computable("x", x, "convert with x.float()")
         if not isinstance(position_ids, Tensor):
             raise TypeError(
                 "position_ids must be an integer tensor [batch, seq_len], got "

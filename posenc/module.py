@@ -16,6 +16,7 @@ from posenc._checks import (
     MAX_POSITION,
     check_base,
     check_choice,
+    check_computable,
     check_count,
     check_integer_tensor,
     check_offset,
@@ -333,6 +334,7 @@ class PositionalEncoding(nn.Module):
                 f"x must be a floating tensor (embeddings), got dtype {x.dtype}; "
                 "convert with x.float()"
             )
+        check_computable("x", x, "convert with x.float()")
         seq_len = x.shape[1 if self.batch_first else 0]
         if positions is not None:
             if offset.__class__ is not int or offset != 0:

@@ -171,3 +171,55 @@ def test_the_host_sync_harness_sees_reads_and_copies_and_nothing_else() -> None:
     ]
     assert host_syncs(lambda t: t.cpu(), make) == ["aten._to_copy.default to the host"]
     assert host_syncs(lambda t: torch.nonzero(t), make) == ["aten.nonzero.default"]
+
+
+STORAGE_ONLY_NAMES = ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [getattr(torch, n) for n in STORAGE_ONLY_NAMES if hasattr(torch, n)],
+    ids=str,
+)
+def test_dtypes_torch_cannot_compute_with_get_a_type_error_naming_the_argument(
+    dtype: torch.dtype,
+) -> None:
+    # each entry point that takes positions or embeddings, before its first kernel
+    # (which would raise NotImplementedError, naming no argument)
+    import transformers
+
+    import posenc
+
+    config = transformers.LlamaConfig(
+        hidden_size=16, num_attention_heads=2, num_key_value_heads=2
+    )
+    q = torch.randn(1, 2, 4, 8)
+    if dtype.is_floating_point:
+        calls = {
+            "x": lambda: posenc.PositionalEncoding(8)(
+                torch.zeros(4, 1, 8, dtype=dtype)
+            ),
+            "q": lambda: posenc.RotaryEmbedding(8)(q.to(dtype), q),
+            "x ": lambda: posenc.HFRotaryEmbedding(config)(
+                torch.zeros(1, 4, 16, dtype=dtype), torch.arange(4)[None]
+            ),
+        }
+    else:
+        pos = torch.arange(4).to(dtype)
+        calls = {
+            "positions": lambda: posenc.PositionalEncoding(8)(
+                torch.zeros(4, 1, 8), positions=pos
+            ),
+            "positions ": lambda: posenc.sinusoidal_encoding(pos, 8),
+            "positions  ": lambda: posenc.RotaryEmbedding(8)(q, q, positions=pos),
+            "position_ids": lambda: posenc.HFRotaryEmbedding(config)(
+                torch.zeros(1, 4, 16), pos[None]
+            ),
+        }
+    for name, call in calls.items():
+        fix = ".float()" if dtype.is_floating_point else ".long()"
+        with pytest.raises(TypeError, match=rf"{name.strip()}.*{dtype}.*{fix}"):
+            call()
+    # the computable neighbours still work
+    posenc.sinusoidal_encoding(torch.arange(4).to(torch.uint8), 8)
+    posenc.PositionalEncoding(8)(torch.zeros(4, 1, 8, dtype=torch.bfloat16))

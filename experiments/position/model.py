@@ -16,8 +16,8 @@ on the scores and the attention weights can be returned. The schemes (``SCHEMES`
   $m_h = 2^{-8h/H}$ for heads $h = 1..H$ (Press et al., 2022); nothing is added to the embeddings.
 
 No $\sqrt{d}$ scaling of the embeddings: they are initialised $\mathcal N(0, 1)$, so a token vector has norm
-about $\sqrt d$, the same order as $\|PE[p]\| = \sqrt{d/2}$; the paper's factor $\sqrt d$ compensates for its
-embedding initialised at scale $d^{-1/2}$ (shared with the output layer), reaching the same ratio. The learned
+about $\sqrt d$, the same order as $\|PE[p]\| = \sqrt{d/2}$ (the 2017 paper multiplies its embeddings by
+$\sqrt d$ and gives no reason for it). The learned
 table is initialised $\mathcal N(0, 1/2)$, so that its rows have the norm of the sinusoidal ones.
 """
 
