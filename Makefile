@@ -37,7 +37,7 @@ help:
 	@echo "make lint           ruff on the package, tests, tools and notebooks"
 	@echo "make lab            JupyterLab on book/ with the project's environment (LAB_ARGS='$(LAB_ARGS)')"
 	@echo "make bench          time posenc against the classic recipes, Hugging Face rotary (and the swap into a Llama), diffusers and the copy bandwidth; peak memory -> benchmarks/results/"
-	@echo "make experiment     train tiny transformers with each positional scheme (about 2 h on 2 cores; resumes if stopped) -> experiments/results/"
+	@echo "make experiment     train tiny transformers with each positional scheme (70 min on 2 cores for the committed results; resumes if stopped) -> experiments/results/"
 	@echo "make gpu-check      on a CUDA machine (plain python3 with torch and pytest): GPU tests + benchmark"
 	@echo "make clean          remove the built book and caches"
 

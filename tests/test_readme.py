@@ -47,3 +47,18 @@ def test_readme_states_the_measured_make_test_time() -> None:
         row.group(0),
         records[-1].name,
     )
+
+
+def test_readme_states_the_experiments_recorded_time() -> None:
+    # the `make experiment` row gives the wall time the committed results file recorded
+    import json
+
+    results = json.loads(
+        (ROOT / "experiments" / "results" / "position-matters-cpu.json").read_text()
+    )
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = re.search(r"^\| `make experiment` \|.*?\| (\d+) min \((\d+) s", text, re.M)
+    assert row, "the README's `make experiment` row has no 'M min (N s' time"
+    minutes, seconds = map(int, row.groups())
+    assert seconds == round(results["wall_seconds"]), (row.group(0), seconds)
+    assert minutes == round(results["wall_seconds"] / 60), (row.group(0), minutes)
