@@ -588,22 +588,14 @@ def memory_run(package: Path = ROOT) -> dict[str, Any]:
 
 def latest_memory_results(results: Path = RESULTS) -> dict[str, Any] | None:
     """The newest ``sincos-memory-<date>.json`` in ``results``, with its path under ``"file"``; ``None`` if none."""
-    files = sorted(results.glob("sincos-memory-*.json"))
-    if not files:
-        return None
-    report = json.loads(files[-1].read_text())
-    path = files[-1].resolve()
-    report["file"] = (
-        path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
-    )
-    return report
+    return latest_results("memory", results)
 
 
 def latest_results(
     device: str = "cpu", results: Path = RESULTS
 ) -> dict[str, Any] | None:
-    """The newest ``sincos-<device>-<date>.json`` in ``results``, with its path (relative to the repository)
-    under ``"file"``; ``None`` if there is none."""
+    """The newest ``sincos-<device>-<date>.json`` in ``results`` (``device="memory"``: the memory run's), with
+    its path (relative to the repository) under ``"file"``; ``None`` if there is none."""
     files = sorted(results.glob(f"sincos-{device}-*.json"))
     if not files:
         return None
