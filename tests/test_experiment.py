@@ -584,22 +584,27 @@ def test_the_quick_sweep_is_pinned_and_reproduces_bit_for_bit(tmp_path, capsys):
 
 
 def test_a_stopped_sweep_resumes_from_its_checkpoint(tmp_path):
-    base = "--quick --max-steps 50 --schemes alibi --workers 1 --seeds 0 --lr-grid"
+    # in this process (workers=0), two selection runs and one seed, 50 steps each
+    config = replace(sw.QUICK, max_steps=50, min_steps=0, validate_every=10)
     check = tmp_path / "runs.jsonl"
-    first, second = tmp_path / "first.json", tmp_path / "second.json"
-    argv = [*base.split(), "0.003", "0.01", "--checkpoint", str(check)]
-    assert cli.main([*argv, "--out", str(first)]) == 0
+
+    def again() -> dict:
+        return sw.sweep(
+            config, ("copy",), ("alibi",), (0,), (3e-3, 1e-2), workers=0,
+            log=lambda line: None, checkpoint=check,
+        )  # fmt: skip
+
+    first = again()
     lines = check.read_text().splitlines()
-    assert len(lines) == 3  # two selection runs, one seed
+    assert len(lines) == 3
     # a sweep killed while writing its last line: that run is run again, the others are not
     check.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
-    assert cli.main([*argv, "--out", str(second)]) == 0
-    a, b = json.loads(first.read_text()), json.loads(second.read_text())
-    assert b["resumed_runs"] == 2 and a["resumed_runs"] == 0
-    assert sw.check_schema(b) == []
+    second = again()
+    assert (first["resumed_runs"], second["resumed_runs"]) == (0, 2)
+    assert sw.check_schema(second) == []
     for stage in ("selection_runs", "runs"):
-        assert [sw.comparable(r) for r in a[stage]] == [
-            sw.comparable(r) for r in b[stage]
+        assert [sw.comparable(r) for r in first[stage]] == [
+            sw.comparable(r) for r in second[stage]
         ]
     # lines of another commit are not reused
     assert sw._resumable(check, "0" * 40) == ({}, 0.0)
