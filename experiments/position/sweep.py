@@ -486,6 +486,7 @@ def sweep(
     done_before, wall_before = _resumable(checkpoint, code["commit"])
     invocation = stamp.isoformat()
     with Runner(workers if device == "cpu" else 0) as runner:
+        fresh: dict[Future, str] = {}  # futures run now, with their job keys
 
         def submit(job: dict[str, Any], stage: str) -> Future:
             key = _job_key(job, stage)
@@ -495,22 +496,7 @@ def sweep(
                 resumed.append(key)
                 return future
             future = runner.submit(job)
-            if checkpoint is not None:
-                future.add_done_callback(
-                    lambda f: (
-                        f.exception() is None
-                        and _append(
-                            checkpoint,
-                            {
-                                "commit": code["commit"],
-                                "key": key,
-                                "invocation": invocation,
-                                "elapsed": round(time.perf_counter() - start, 1),
-                                "record": f.result(),
-                            },
-                        )
-                    )
-                )
+            fresh[future] = key
             return future
 
         # every pair's first-stage runs; a pair's seeds are queued as soon as its rate is chosen
@@ -526,6 +512,17 @@ def sweep(
             for future in done:
                 stage, pair = pending.pop(future)
                 record = future.result()
+                if checkpoint is not None and future in fresh:
+                    _append(
+                        checkpoint,
+                        {
+                            "commit": code["commit"],
+                            "key": fresh.pop(future),
+                            "invocation": invocation,
+                            "elapsed": round(time.perf_counter() - start, 1),
+                            "record": record,
+                        },
+                    )
                 capabilities.add(record["cpu_capability"])
                 if stage == "select":
                     selection.append(record)
