@@ -201,8 +201,8 @@ def reflow_table(table: str) -> str:
             )
             column += c.colspan
             short = ["posenc-short"] if 0 < len(reading(c.text)) <= SHORT_CELL else []
-            extra = (
-                f' data-label="{html.escape(label, quote=True)}"'
+            extra = (  # CSS shows the label as plain text: inline math without its TeX
+                f' data-label="{html.escape(reading(label), quote=True)}"'
                 if reflow and label
                 else ""
             )
