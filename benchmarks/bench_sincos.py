@@ -74,7 +74,7 @@ from benchmarks.bench import (  # noqa: E402
 )
 from posenc import Timesteps, sincos_grid, timestep_embedding  # noqa: E402
 from posenc._checks import check_bool, values_checkable  # noqa: E402
-from posenc.sincos import _check_freq_args, _check_timesteps  # noqa: E402
+from posenc.sincos.embeddings import _check_freq_args, _check_timesteps  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BATCH, DIM = 256, 320
@@ -545,11 +545,11 @@ def peak_memory(
 ) -> dict[str, Any]:
     """The growth of a fresh process's peak resident set while ``call`` runs (Linux), with the result's size:
     ``{"result_bytes", "peak_bytes", "ratio"}``; ``package``: the directory posenc is imported from;
-    ``one_block``: build every table in one block (``posenc.encoding.CHUNK_BYTES`` set beyond any table)."""
+    ``one_block``: build every table in one block (``posenc.sinusoidal.encoding.CHUNK_BYTES`` set beyond any table)."""
     import subprocess
 
     block = (
-        "import posenc.encoding; posenc.encoding.CHUNK_BYTES = 2**62"
+        "import posenc.sinusoidal.encoding; posenc.sinusoidal.encoding.CHUNK_BYTES = 2**62"
         if one_block
         else ""
     )

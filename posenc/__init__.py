@@ -12,24 +12,37 @@ values at positions below 2^24.
     timestep_embedding      diffusion time-step embeddings (diffusers' get_timestep_embedding keywords)
     sincos_grid             2-D and 3-D sin-cos tables for image patches and video (MAE, timm, ...)
 
-Each module of the package is written in, and generated from, a chapter of the posenc book (the notebooks in
-the repository's book/ folder; the file header names which). help(posenc.<name>) documents each name, with the
-shapes of its arguments and results.
+The package is laid out as the book is: one subpackage per family (``posenc.sinusoidal``, ``posenc.rotary``,
+``posenc.sincos``), the libraries' conventions above them (``posenc.conventions``), and the plumbing every family
+shares below them (``posenc._checks``). Each module is written in, and generated from, a chapter of the posenc
+book (the notebooks in the repository's book/ folder; the file header names which). help(posenc.<name>)
+documents each name, with the shapes of its arguments and results.
 """
 
-from posenc.encoding import frequencies, sinusoidal_encoding
-from posenc.hf import HFRotaryEmbedding
-from posenc.module import PositionalEncoding, get_positional_encoding
-from posenc.offsets import offset_matrix
-from posenc.rope_scaling import ROPE_TYPES, rotary_frequencies
-from posenc.rotary import RotaryEmbedding, apply_rotary, rotary_cos_sin
+# The core (each family's subpackage), then the reference modules built on it.
+from posenc.rotary import (
+    ROPE_TYPES,
+    RotaryEmbedding,
+    apply_rotary,
+    rotary_cos_sin,
+    rotary_frequencies,
+)
 from posenc.sincos import (
     GRID_CONVENTIONS,
     detr_sine_encoding,
     sincos_grid,
     timestep_embedding,
 )
-from posenc.sincos_conventions import PositionEmbeddingSine, Timesteps
+from posenc.sinusoidal import (
+    PositionalEncoding,
+    frequencies,
+    get_positional_encoding,
+    offset_matrix,
+    sinusoidal_encoding,
+)
+
+# isort: split
+from posenc.conventions import HFRotaryEmbedding, PositionEmbeddingSine, Timesteps
 
 __all__ = [
     "GRID_CONVENTIONS",

@@ -22,6 +22,8 @@ __all__ = [
     "values_checkable",
 ]
 
+# 17_argument_checks.ipynb, cell 6: One message shape
+
 import numbers
 import operator
 
@@ -33,6 +35,7 @@ from torch import Tensor
 MAX_POSITION = 2**53
 
 
+# 17_argument_checks.ipynb, cell 9: The checks
 def _symbolic(value: object) -> bool:
     """A symbolic number: torch.compile traces with dynamic shapes."""
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
@@ -161,6 +164,7 @@ def check_base(base: object, name: str = "base") -> float:
     )  # fmt: skip
 
 
+# 17_argument_checks.ipynb, cell 11: The checks
 def check_offset(offset: object, name: str = "offset", fix: str = "") -> int:
     """``offset`` as an int in [0, 2^53]: the position of a sequence's first token.
 
@@ -192,6 +196,7 @@ def check_offset(offset: object, name: str = "offset", fix: str = "") -> int:
     return offset
 
 
+# 17_argument_checks.ipynb, cell 13: When values are read
 #: Dtypes torch stores but has no CPU arithmetic for: refused here by name,
 #: not left to a kernel's NotImplementedError deep inside a call.
 STORAGE_ONLY = frozenset(

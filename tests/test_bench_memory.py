@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-import posenc.module
+import posenc.sinusoidal.module
 from benchmarks import bench_memory
 from posenc import PositionalEncoding
 
@@ -77,7 +77,7 @@ def test_the_forward_past_the_cache_holds_little_besides_its_output(
     the output, which is nearly all it holds; with autograd it holds the rows once, as ``x + table`` holds its table.
     Building the float64 rows for the whole sequence at once held about 6 times the output (the rows, and the
     angles, sines, cosines and their interleaving, each as large as the output or larger)."""
-    monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", 2**16, raising=False)
+    monkeypatch.setattr(posenc.sinusoidal.encoding, "CHUNK_BYTES", 2**16, raising=False)
     module = PositionalEncoding(64).eval()
     x = torch.randn(20_000, 1, 64, requires_grad=grad)
     with torch.set_grad_enabled(grad):

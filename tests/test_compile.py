@@ -263,7 +263,7 @@ def test_jit_script_raises_a_clear_error_naming_the_alternatives():
 
 @needs_compile
 def test_constant_marks_are_the_ones_torch_sets_and_import_skips_dynamo():
-    """posenc marks its compile-time constants itself (``posenc.module._assume_constant_result``), so that
+    """posenc marks its compile-time constants itself (``posenc.sinusoidal.module._assume_constant_result``), so that
     ``import posenc`` does not import torch._dynamo; the mark must be exactly what
     ``torch.compiler.assume_constant_result`` sets (the compile tests then exercise it)."""
     import subprocess
@@ -271,7 +271,8 @@ def test_constant_marks_are_the_ones_torch_sets_and_import_skips_dynamo():
 
     import torch
 
-    from posenc import module, rotary
+    from posenc.rotary import rotation as rotary
+    from posenc.sinusoidal import module
 
     def probe():
         return 1

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import posenc
-from posenc import encoding, frequencies, sinusoidal_encoding
+from posenc import frequencies, sinusoidal_encoding
+from posenc.sinusoidal import encoding
 from tests.test_precision import numpy_encoding
 from tests.test_precision import round_once as single_rounding
 

@@ -125,4 +125,6 @@ def test_a_cell_exported_by_name_goes_to_that_module(copy_of_repo: Path) -> None
     extra = copy_of_repo / "posenc" / "_extra.py"
     assert extra in files and "EXTRA = 1" in files[extra]
     assert "File to edit: book/01_derivation.ipynb" in files[extra]
-    assert "EXTRA = 1" not in files[copy_of_repo / "posenc" / "encoding.py"]
+    assert (
+        "EXTRA = 1" not in files[copy_of_repo / "posenc" / "sinusoidal" / "encoding.py"]
+    )

@@ -59,7 +59,7 @@ def test_book_is_built_only_when_an_input_is_newer_than_the_last_build(
     os.utime(stamp, (future, future))  # newer than every input
     assert not builds(), "`make book` rebuilds an unchanged book"
     for changed in ("book/intro.md", "book/01_derivation.ipynb", "book/_static/posenc.css",
-                    "posenc/encoding.py", "_toc.yml", "experiments/position/model.py"):  # fmt: skip
+                    "posenc/sinusoidal/encoding.py", "_toc.yml", "experiments/position/model.py"):  # fmt: skip
         assert builds("-W", changed), f"`make book` ignores a change to {changed}"
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import TransformerEncoder, TransformerEncoderLayer
 
-import posenc.module
+import posenc.sinusoidal.module
 from posenc import PositionalEncoding, get_positional_encoding, sinusoidal_encoding
 from tests.classic import (
     LabmlPositionalEncoding,
@@ -399,7 +399,7 @@ def test_repr_names_the_configuration() -> None:
 
 def test_docstrings_read_as_plain_text() -> None:
     """help() shows docstrings raw: math is written in plain Unicode (θ, ω_i, 2^-24), never LaTeX."""
-    objects = [posenc.module, PositionalEncoding, get_positional_encoding]
+    objects = [posenc.sinusoidal.module, PositionalEncoding, get_positional_encoding]
     objects += [PositionalEncoding.forward, PositionalEncoding.encoding]
     for obj in objects:
         doc = obj.__doc__ or ""
@@ -436,8 +436,8 @@ def test_outputs_and_gradients_are_pinned_bitwise(
     cache, positions shared or per sequence, dropout), are bitwise the frozen recipe's values rounded once, also
     when the rows are built in chunks of a few positions (``chunk_bytes``)."""
     if chunk_bytes is not None:
-        monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", chunk_bytes)
-        assert len(posenc.encoding._row_ranges(40, 12, 40 * 12 * 4)) > 1, (
+        monkeypatch.setattr(posenc.sinusoidal.encoding, "CHUNK_BYTES", chunk_bytes)
+        assert len(posenc.sinusoidal.encoding._row_ranges(40, 12, 40 * 12 * 4)) > 1, (
             "the rows must come in several chunks"
         )
     d = 12
@@ -723,7 +723,7 @@ def test_the_forward_on_an_accelerator_reads_no_value() -> None:
 def test_vmap_and_grad_over_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inside torch.func (vmap over sequences and their positions, grad) the values are per sample: none is read,
     no row is written in place, and the results are the plain call's, also where rows come in pieces."""
-    monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", 1024, raising=False)
+    monkeypatch.setattr(posenc.sinusoidal.encoding, "CHUNK_BYTES", 1024, raising=False)
     module = PositionalEncoding(8, max_len=4, batch_first=True)
     x, positions = torch.randn(3, 20, 8), torch.randint(0, 100, (3, 20))
     per_sample = torch.func.vmap(lambda xi, pi: module(xi[None], positions=pi)[0])

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posenc import frequencies, offset_matrix, sinusoidal_encoding
-from posenc.offsets import _pair_channels
+from posenc.sinusoidal.offsets import _pair_channels
 
 U64 = (
     2.0**-53

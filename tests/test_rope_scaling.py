@@ -1,4 +1,4 @@
-"""posenc.rope_scaling (book/13_rope_scaling.ipynb): the parameter reading refuses nonsense at construction, and
+"""posenc.rotary.scaling (book/13_rope_scaling.ipynb): the parameter reading refuses nonsense at construction, and
 the types added for transformers 5.23 (``proportional``, per-layer-type ``rope_parameters``, Qwen3-VL's interleaved
 M-RoPE) agree with the installed transformers: frequencies within ``hf_frequency_bound`` (tests/rotary_peers.py),
 tables elementwise within one float32 rounding of the angle error that bound allows."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posenc import RotaryEmbedding, rotary_frequencies
-from posenc.rope_scaling import _frequencies, _per_axis, _rope_parameters
+from posenc.rotary.scaling import _frequencies, _per_axis, _rope_parameters
 from tests import rotary_peers as peers
 
 LONGROPE = {

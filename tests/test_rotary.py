@@ -51,7 +51,7 @@ from posenc import (
     rotary_cos_sin,
     rotary_frequencies,
 )
-from posenc.encoding import _round_once
+from posenc.sinusoidal.encoding import _round_once
 from tests import rotary_peers as peers
 from tests.floors import needs_compile, needs_export
 from tests.test_compile import recording_backend

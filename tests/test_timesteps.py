@@ -37,8 +37,8 @@ from posenc import (
     sinusoidal_encoding,
     timestep_embedding,
 )
-from posenc.encoding import _round_once
-from posenc.sincos import _sincos
+from posenc.sincos.embeddings import _sincos
+from posenc.sinusoidal.encoding import _round_once
 from tests.floors import needs_compile, needs_fake_accelerator
 from tests.sincos_peers import (
     adm_timestep_embedding,
@@ -877,10 +877,10 @@ def _peak_bytes(fn) -> tuple[int, torch.Tensor]:
 
 
 def test_every_table_build_peaks_within_one_and_a_half_times_its_result(monkeypatch):
-    import posenc.sincos
+    import posenc.sinusoidal.encoding
 
     # small tables, built as a large one would be
-    monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", 2**15, raising=False)
+    monkeypatch.setattr(posenc.sinusoidal.encoding, "CHUNK_BYTES", 2**15, raising=False)
     t = torch.rand(512) * 1000
     mask = torch.zeros(2, 32, 16, dtype=torch.bool)
     mask[1, 20:] = True
@@ -903,7 +903,7 @@ def test_every_table_build_peaks_within_one_and_a_half_times_its_result(monkeypa
 
 
 def test_chunks_give_the_bits_of_one_block(monkeypatch):
-    import posenc.sincos
+    import posenc.sinusoidal.encoding
 
     t = torch.rand(300) * 1000
     mask = _padding_mask(3, 11, 9, seed=3)
@@ -915,12 +915,14 @@ def test_chunks_give_the_bits_of_one_block(monkeypatch):
         lambda: detr_sine_encoding(mask, 16, normalize=True),
     ]
     whole = [build() for build in builds]
-    monkeypatch.setattr(posenc.encoding, "CHUNK_BYTES", 2**10)  # a few rows per chunk
+    monkeypatch.setattr(
+        posenc.sinusoidal.encoding, "CHUNK_BYTES", 2**10
+    )  # a few rows per chunk
     for build, expected in zip(builds, whole):
         assert torch.equal(build(), expected)
     # a time step batch of 256 x 320 (the benchmark's) is one chunk at the default
     monkeypatch.undo()
-    assert len(posenc.encoding._row_ranges(256, 320, 256 * 320 * 4)) == 1
+    assert len(posenc.sinusoidal.encoding._row_ranges(256, 320, 256 * 320 * 4)) == 1
 
 
 @needs_fake_accelerator
@@ -956,15 +958,6 @@ def test_no_host_synchronisation_on_an_accelerator():
     # the checks that read values still run on real CPU tensors
     with pytest.raises(ValueError, match="nan"):
         timestep_embedding(torch.tensor([float("nan")]), 8)
-
-
-def test_the_modules_answer_under_their_old_module_path():
-    import posenc.sincos
-
-    assert posenc.sincos.Timesteps is Timesteps
-    assert posenc.sincos.PositionEmbeddingSine is PositionEmbeddingSine
-    with pytest.raises(AttributeError):
-        posenc.sincos.NoSuchName  # noqa: B018
 
 
 def test_ddpm_s_float32_recipe_drifts_past_1e_5_near_t_1000():

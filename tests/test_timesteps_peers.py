@@ -377,10 +377,10 @@ DIFFUSERS_2D_CALLS = [  # (args, kwargs) as diffusers' models pass them
 
 @pytest.mark.parametrize(("args", "kwargs"), DIFFUSERS_2D_CALLS)
 def test_get_2d_sincos_pos_embed_is_a_drop_in(args, kwargs):
-    from posenc import sincos_conventions
+    from posenc import conventions
 
     theirs = embeddings.get_2d_sincos_pos_embed(*args, **kwargs)
-    ours = sincos_conventions.get_2d_sincos_pos_embed(*args, **kwargs)
+    ours = conventions.get_2d_sincos_pos_embed(*args, **kwargs)
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == F64
     size = args[1] if isinstance(args[1], tuple) else (args[1], args[1])
     base, interp = kwargs.get("base_size", 16), kwargs.get("interpolation_scale", 1.0)
@@ -395,9 +395,7 @@ def test_get_2d_sincos_pos_embed_is_a_drop_in(args, kwargs):
     assert torch.equal(ours[-grid.shape[0] :], grid)
     # a table of the transposed grid is far outside the bound (the order (H, W) is diffusers')
     if size[0] != size[1]:
-        other = sincos_conventions.get_2d_sincos_pos_embed(
-            args[0], size[::-1], **kwargs
-        )
+        other = conventions.get_2d_sincos_pos_embed(args[0], size[::-1], **kwargs)
         assert not ((other - theirs).abs() <= float32_bound(theta, 1e4)).all()
 
 
@@ -411,19 +409,17 @@ def test_get_2d_sincos_pos_embed_is_a_drop_in(args, kwargs):
     ],
 )
 def test_get_3d_sincos_pos_embed_is_a_drop_in_with_width_first(args):
-    from posenc import sincos_conventions
+    from posenc import conventions
 
     theirs = embeddings.get_3d_sincos_pos_embed(*args)
-    ours = sincos_conventions.get_3d_sincos_pos_embed(*args)
+    ours = conventions.get_3d_sincos_pos_embed(*args)
     assert ours.shape == theirs.shape and ours.dtype == theirs.dtype == F64
     assert ((ours - theirs).abs() <= float32_bound(torch.tensor(64.0), 1e4)).all()
     spatial = args[1] if isinstance(args[1], tuple) else (args[1], args[1])
     width, height = spatial  # diffusers reads spatial_size as (W, H)
     assert ours.shape == (args[2], height * width, args[0])
     if width != height:  # read as (H, W), the table is another grid's
-        swapped = sincos_conventions.get_3d_sincos_pos_embed(
-            args[0], spatial[::-1], *args[2:]
-        )
+        swapped = conventions.get_3d_sincos_pos_embed(args[0], spatial[::-1], *args[2:])
         assert not torch.allclose(swapped, theirs, atol=1e-3)
 
 
@@ -437,7 +433,7 @@ def _patch_table(embed, height: int, width: int) -> torch.Tensor:
 
 
 def test_patch_embed_takes_posenc_s_tables_by_one_assignment(monkeypatch):
-    from posenc import sincos_conventions
+    from posenc import conventions
 
     module = require(
         "diffusers.models.embeddings"
@@ -451,7 +447,7 @@ def test_patch_embed_takes_posenc_s_tables_by_one_assignment(monkeypatch):
     }
     theirs = module.PatchEmbed(**size)
     monkeypatch.setattr(
-        module, "get_2d_sincos_pos_embed", sincos_conventions.get_2d_sincos_pos_embed
+        module, "get_2d_sincos_pos_embed", conventions.get_2d_sincos_pos_embed
     )
     ours = module.PatchEmbed(**size)
     for (height, width), grid in (((32, 32), (16, 16)), ((12, 20), (6, 10))):
