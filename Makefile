@@ -75,7 +75,7 @@ $(BOOK_STAMP): $(STAMP) $(BOOK_INPUTS)
 	@touch $@
 
 # The browser tests read the built book, so the book is brought up to date first (nothing to do when unchanged).
-# pytest's options (nbval, strict, the sanitize file, tests/nbval_plugin.py) are in pyproject.toml, so a plain
+# pytest's options (nbval, strict, the sanitize file, tests/plugin.py) are in pyproject.toml, so a plain
 # `pytest` at the root runs this same suite.
 test: book
 	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup tests book
@@ -86,7 +86,7 @@ test-time: $(STAMP)
 
 # The nbval suite as another machine would run it: torch's portable kernels (no vector instructions), then one
 # thread. Stored outputs must not depend on either (see the README's edit loop). Here every notebook gets a
-# kernel started afresh (`make test` forks them from one that has imported torch: tests/kernel_fork.py).
+# kernel started afresh (`make test` forks them from one that has imported torch: tests/notebooks/kernel_fork.py).
 test-portable: $(STAMP)
 	POSENC_FRESH_KERNELS=1 ATEN_CPU_CAPABILITY=default $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -q book
 	POSENC_FRESH_KERNELS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -q book

@@ -2,7 +2,7 @@
 
 - CUDA-only tests are marked ``gpu`` and skipped cleanly without CUDA.
 - **Parallel runs** (``make test`` runs ``pytest -n <cores> --dist loadgroup``, pytest-xdist): scheduled by
-  ``GroupedScheduling`` in tests/nbval_plugin.py, which every run loads (``pytest book`` too, which never reads
+  ``GroupedScheduling`` in tests/plugin.py, which every run loads (``pytest book`` too, which never reads
   this file). Each notebook's cells form one unit (nbval runs them in order, in one kernel, on one worker), and
   every browser test is in the unit ``browser``, so that one Chromium, started once, serves them all
   (:func:`chromium`), and the tests that import the installed peers are the unit ``peers``, so that one worker
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.nbval_plugin import SLOW_FILES, scope_of
+from tests.plugin import SLOW_FILES, scope_of
 
 
 def _weight(item: pytest.Item) -> int:
@@ -50,8 +50,8 @@ def pytest_collection_modifyitems(
 @pytest.fixture(scope="session")
 def chromium() -> Iterator[Any]:
     """One headless Chromium for every browser test of this process (started on first use), or a skip/fail
-    saying why there is none (see ``tests/browser_helpers.py``)."""
-    from tests.browser_helpers import (
+    saying why there is none (see ``tests/book/browser_helpers.py``)."""
+    from tests.book.browser_helpers import (
         browser_missing_reason,
         launch_chromium,
         unavailable,
@@ -73,7 +73,7 @@ def chromium() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def book_server() -> Iterator[str]:
     """The built book served on 127.0.0.1 for this process: its base URL (skip/fail when it is not built)."""
-    from tests.browser_helpers import (
+    from tests.book.browser_helpers import (
         book_html_dir,
         book_missing_reason,
         serve,
@@ -90,7 +90,7 @@ def book_server() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def browser_context(chromium: Any) -> Iterator[Any]:
     """A desktop-sized (1280 x 900) context of the session's Chromium."""
-    from tests.browser_helpers import DESKTOP
+    from tests.book.browser_helpers import DESKTOP
 
     context = chromium.new_context(viewport=DESKTOP)
     context.set_default_timeout(20_000)
@@ -105,8 +105,8 @@ def browser_context(chromium: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def visit(browser_context: Any, book_server: str) -> Any:
-    """``visit(path)``: the session's one visit of a page of the built book (tests/browser_pages.py)."""
-    from tests.browser_helpers import book_html_dir
-    from tests.browser_pages import visitor
+    """``visit(path)``: the session's one visit of a page of the built book (tests/book/browser_pages.py)."""
+    from tests.book.browser_helpers import book_html_dir
+    from tests.book.browser_pages import visitor
 
     return visitor(browser_context, book_server, book_html_dir())

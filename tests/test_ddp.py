@@ -43,7 +43,7 @@ def report() -> dict:
 def test_one_measurement_serves_the_whole_run(
     report: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # tests.ddp_worker.launch stores the report in the run's directory (tests/nbval_plugin.py): chapter 12,
+    # tests.ddp_worker.launch stores the report in the run's directory (tests/plugin.py): chapter 12,
     # in a notebook kernel of this run, reads it instead of starting two more processes
     assert Path(os.environ["POSENC_RUN_DIR"], "ddp-report-2.json").is_file()
 

@@ -765,9 +765,9 @@ def test_gradients_flow_through_the_rotation():
 @pytest.fixture
 def inductor_cache():
     """Fresh dynamo state around a compiled test. The inductor cache is already private: one per test run, made
-    by tests/nbval_plugin.py (a cache shared across runs has produced wrong code on this project's machines)."""
+    by tests/plugin.py (a cache shared across runs has produced wrong code on this project's machines)."""
     assert "posenc-run-" in os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""), (
-        "tests/nbval_plugin.py not loaded"
+        "tests/plugin.py not loaded"
     )
     torch._dynamo.reset()
     yield

@@ -3,8 +3,8 @@
     python tools/browser_cost.py               # every page of the built book, each way, twice (alternating)
     python tools/browser_cost.py --rounds 1 --pages 3
 
-Each pass starts a Chromium as the tests do (tests/browser_helpers.py), makes a desktop-sized context, and visits
-every page of the table of contents with tests/browser_pages.py's ``visitor`` (a page per visit: load, MathJax,
+Each pass starts a Chromium as the tests do (tests/book/browser_helpers.py), makes a desktop-sized context, and visits
+every page of the table of contents with tests/book/browser_pages.py's ``visitor`` (a page per visit: load, MathJax,
 collect, measure at both widths, close). The ``kept`` passes first open one blank page in the context and leave
 it open, as tests/conftest.py's ``browser_context`` does; the ``bare`` passes do not. Reported per pass: wall
 seconds and the machine's busy CPU-seconds (from /proc/stat, so run it on an otherwise quiet machine), and the
@@ -62,8 +62,13 @@ def summarize(passes: list[dict[str, Any]]) -> dict[str, Any]:
 def one_pass(
     playwright: Any, base_url: str, docs: list[str], keep: bool
 ) -> dict[str, Any]:
-    from tests.browser_helpers import DESKTOP, book_html_dir, html_path, launch_chromium
-    from tests.browser_pages import visitor
+    from tests.book.browser_helpers import (
+        DESKTOP,
+        book_html_dir,
+        html_path,
+        launch_chromium,
+    )
+    from tests.book.browser_pages import visitor
 
     browser = launch_chromium(playwright)
     try:
@@ -107,7 +112,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     from playwright.sync_api import sync_playwright
 
-    from tests.browser_helpers import book_html_dir, missing_reason, serve, toc_pages
+    from tests.book.browser_helpers import (
+        book_html_dir,
+        missing_reason,
+        serve,
+        toc_pages,
+    )
 
     reason = missing_reason()
     if reason:

@@ -92,7 +92,7 @@ def main() -> int:
         tests += [f"tests/{n}" for n in OPTIONAL_TESTS if (work / "tests" / n).exists()]
         result = subprocess.run(
             [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "/dev/null",
-             "--rootdir", work, "-p", "tests.nbval_plugin", "-m", "not gpu and not peers", *tests],
+             "--rootdir", work, "-p", "tests.plugin", "-m", "not gpu and not peers", *tests],
             cwd=work, env={**os.environ, "PYTHONPATH": str(work)},
         )  # fmt: skip
     if result.returncode != 0:

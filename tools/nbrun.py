@@ -22,7 +22,7 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.nbval_plugin import drop_torch_notices  # noqa: E402
+from tests.notebooks.plugin import drop_torch_notices  # noqa: E402
 
 KEEP_CELL_METADATA = {"tags", "mystnb", "posenc"}
 
@@ -129,7 +129,7 @@ def main(argv: list[str]) -> int:
     refresh = "--refresh-ignored" in argv
     argv = [a for a in argv if a != "--refresh-ignored"]
     paths = [Path(a).resolve() for a in argv] or sorted((ROOT / "book").glob("*.ipynb"))
-    # A private torch.compile cache for this run (see tests/nbval_plugin.py): a shared one, reused after torch's
+    # A private torch.compile cache for this run (see tests/plugin.py): a shared one, reused after torch's
     # CPU kernel family changed, has produced silently wrong compiled code.
     cache = tempfile.mkdtemp(prefix="posenc-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache

@@ -4,11 +4,11 @@
     .venv/bin/python tools/screenshots.py --book /tmp/b/_build/html --out /tmp/shots --pages book/intro --tiles
 
 Pages are those of ``_toc.yml`` (plus the search page), served on 127.0.0.1 and rendered by Debian's Chromium
-(see tests/browser_helpers.py). Each page is saved whole (``NN_page.desktop.light.png``); with ``--tiles`` also
+(see tests/book/browser_helpers.py). Each page is saved whole (``NN_page.desktop.light.png``); with ``--tiles`` also
 one screen at a time (``...tile03.png``), which is easier to read than a very tall image. Dark mode is the
 reader's system preference (``prefers-color-scheme: dark``), which the theme follows in its default "auto" mode.
 Prints one line per page: its height, anything wider than the screen (which makes a phone scroll sideways), and
-the figures whose smallest text reads under tests/test_layout.py's bar at that width (derived from
+the figures whose smallest text reads under tests/book/test_layout.py's bar at that width (derived from
 book/posenc.mplstyle's smallest font and the image's displayed scale).
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.browser_helpers import (  # noqa: E402 (the repository root is put on the path first)
+from tests.book.browser_helpers import (  # noqa: E402 (the repository root is put on the path first)
     DESKTOP,
     MIN_TEXT_PX,
     PHONE,
@@ -36,7 +36,7 @@ from tests.browser_helpers import (  # noqa: E402 (the repository root is put on
     serve,
     toc_pages,
 )
-from tests.browser_pages import MEASURE  # noqa: E402
+from tests.book.browser_pages import MEASURE  # noqa: E402
 
 # Elements of the article wider than the viewport (they make the page scroll sideways on a phone).
 OVERFLOW = """() => {

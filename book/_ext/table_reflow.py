@@ -12,7 +12,7 @@ notebook cells print alike):
   line "header  value" (the header row itself hidden). On wider screens it stays a table.
 
 Whether a table fits is estimated from its text (``estimated_width``), before any browser sees it:
-tests/test_layout.py measures the result at 390 and 1280 px, and a table the estimate lets through that does not
+tests/book/test_layout.py measures the result at 390 and 1280 px, and a table the estimate lets through that does not
 fit fails there. A table can ask for either layout with the class ``posenc-reflow`` or ``posenc-no-reflow`` (in a
 cell's HTML, or ``:class:`` of a MyST ``{table}``/``{list-table}``). Tables without a header, or with ``rowspan``,
 never reflow: their cells have no single column name.
@@ -27,7 +27,7 @@ from typing import Any
 
 from sphinx.application import Sphinx
 
-#: The phone's column (a 390 px window less the theme's 16 px side padding), measured by tests/test_layout.py.
+#: The phone's column (a 390 px window less the theme's 16 px side padding), measured by tests/book/test_layout.py.
 PHONE_COLUMN_PX = 358
 #: Rough widths, in px, of one character of body text and of code in a table (0.9 em of the 16 px body font),
 #: and of a cell's left and right padding together.

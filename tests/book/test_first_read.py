@@ -13,7 +13,7 @@ import torch
 
 import posenc
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTER = ROOT / "book" / "00_first_read.ipynb"
 
 

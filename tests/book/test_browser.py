@@ -26,7 +26,7 @@ from urllib.parse import unquote, urldefrag, urljoin, urlsplit
 
 import pytest
 
-from tests.browser_helpers import (
+from tests.book.browser_helpers import (
     ROOT,
     book_html_dir,
     book_missing_reason,
@@ -35,7 +35,7 @@ from tests.browser_helpers import (
     toc_pages,
     unavailable,
 )
-from tests.browser_pages import Visit
+from tests.book.browser_pages import Visit
 
 pytestmark = pytest.mark.browser
 
@@ -108,7 +108,7 @@ def test_every_request_succeeds_on_localhost(
 def test_a_request_beyond_this_machine_fails_in_the_browser(
     browser_context: Any, book_server: str
 ) -> None:
-    # Chromium's proxy (a closed local port, tests/browser_helpers.py) fails every request beyond this machine
+    # Chromium's proxy (a closed local port, tests/book/browser_helpers.py) fails every request beyond this machine
     # (a name or an address, http or https) while the book's server on 127.0.0.1 answers; a visit records them
     page = browser_context.new_page()
     failed: dict[str, str] = {}
@@ -236,7 +236,7 @@ def test_code_is_set_in_the_font_served_with_the_book(
     visit: Callable[..., Visit], docname: str
 ) -> None:
     """Code blocks use book/_static/fonts (DejaVu Sans Mono), not the machine's own monospace font, so the
-    widths tests/test_layout.py measures are the widths every reader sees."""
+    widths tests/book/test_layout.py measures are the widths every reader sees."""
     font = visit(html_path(docname)).dom["codeFont"]
     if not font["used"]:
         pytest.skip(f"{docname} has no code block")

@@ -1,4 +1,6 @@
-"""A pytest plugin (loaded by ``-p tests.nbval_plugin`` in pyproject.toml) that makes every run reproducible.
+"""The run-wide pytest plugin (``-p tests.plugin`` in pyproject.toml): what every run of the suite needs, with or
+without notebooks. The notebook-run plumbing (kernels, start-up file, stream filters) is in tests/notebooks/ and is
+loaded only where notebooks run (book/conftest.py).
 
 1. **A private torch.compile cache per run.** ``torch.compile`` keeps compiled kernels in an on-disk cache shared
    by every checkout and every run (``/tmp/torchinductor_<user>``). Reused after torch's CPU kernel family
@@ -11,38 +13,24 @@
    2-core machine, a pool of compile subprocesses started in each compiling process, costs more than it saves
    (the same generated code; one `make test` each: 218.8 s compiling in process, 223.1 s and 223.8 s with the
    pool).
-2. **torch's notices about its environment are not outputs.** A CUDA build of torch on a machine without a GPU
-   logs "No CUDA runtime is found ..." and Python 3.13.0 makes dynamo warn "Guards may run slower ...". They
-   say nothing about the notebook, so stderr lines matching :data:`TORCH_NOTICES` are removed before nbval
-   compares a cell's outputs (and by ``tools/nbrun.py`` before outputs are stored). Any other stderr output
-   still fails the cell.
-3. **No grammar built at start-up.** nbval reads notebooks with nbformat, which imports jsonschema, which imports
+2. **No grammar built at start-up.** nbval reads notebooks with nbformat, which imports jsonschema, which imports
    ``rfc3987_syntax`` when it is installed (jupyter-events needs it) to check the ``"iri"`` string format; that
    import builds a parser grammar, 2.3 s in every pytest process (the xdist controller and each worker). No
    schema read here uses that format (nbformat's have no ``format`` keyword), so the import is refused in the
    test processes: this plugin is loaded (``-p`` in pyproject.toml) before pytest loads nbval.
-4. **Notebooks stay whole under pytest-xdist.** ``--dist loadgroup`` is scheduled by :class:`GroupedScheduling`:
+3. **Notebooks stay whole under pytest-xdist.** ``--dist loadgroup`` is scheduled by :class:`GroupedScheduling`:
    a notebook's cells are one unit (one worker, one kernel, in order), the browser tests another, the tests that
    import the installed peers a third (one worker imports them), the tests that compile a fourth. It lives here,
    not in tests/conftest.py, because ``pytest book`` (``make test-portable``) never reads that conftest: there,
    xdist's own loadgroup (which pytest 9 makes ignore its groups) spread the cells of one notebook over both
    workers, and every cell after the first ran in a kernel that had not run the imports.
-5. **Kernels forked from one that has imported torch.** nbval's kernel command (``--nbval-current-env``) becomes
-   the shim of tests/kernel_fork.py, which forks each notebook's kernel from one process of the run that has
-   imported torch, numpy, IPython and matplotlib, instead of every kernel importing them again
-   (``POSENC_FRESH_KERNELS=1``: kernels started afresh, as ``make test-portable`` runs them).
-6. **Figures drawn, not encoded.** nbval compares a figure's text (``<Figure size ... with 3 Axes>``), never its
-   image. The run's kernels start with tests/nbval_startup.py (``PYTHONSTARTUP``, replacing any of the user's,
-   whose code would run in every kernel): each figure is drawn once, so that a draw-time error still fails its
-   cell, and no PNG is made. ``make notebooks`` stores real PNGs.
-7. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
+4. **A closing summary of what was skipped**, grouped by reason, so that a run without a built book (the browser
    tests) or without CUDA (the GPU tests) says so in one place.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -50,49 +38,15 @@ from typing import Any
 
 import pytest
 
-# see 3. above: jsonschema then skips the "iri" format
+# see 2. above: jsonschema then skips the "iri" format
 if "rfc3987_syntax" not in sys.modules:
     sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
-
-#: stderr lines that torch prints about the machine it runs on, never about the computation.
-TORCH_NOTICES = (
-    re.compile(r"^.*No CUDA runtime is found, using CUDA_HOME=.*$"),
-    re.compile(r"^.*Guards may run slower on Python 3\.13\.0.*$"),
-    re.compile(
-        r"^\s*warnings\.warn\($"
-    ),  # the source line Python prints under such a warning
-)
-
-
-def strip_torch_notices(text: str) -> str:
-    """``text`` without the lines matching :data:`TORCH_NOTICES` (other lines kept in order)."""
-    lines = text.splitlines(keepends=True)
-    kept = [
-        ln for ln in lines if not any(p.match(ln.rstrip("\n")) for p in TORCH_NOTICES)
-    ]
-    return "".join(kept)
-
-
-def drop_torch_notices(outputs: list[Any]) -> list[Any]:
-    """Notebook outputs with torch's notices removed from stderr streams; empty streams dropped."""
-    kept = []
-    for output in outputs:
-        if output.get("output_type") == "stream" and output.get("name") == "stderr":
-            text = strip_torch_notices("".join(output.get("text", "")))
-            if not text:
-                continue
-            output = type(output)({**output, "text": text})  # NotebookNode stays one
-        kept.append(output)
-    return kept
-
 
 _run_dir: str | None = None
 #: A directory for this whole run, set by the process that created it: pytest-xdist workers (and the notebook
 #: kernels and subprocesses they start) inherit it and share what it holds (the torch.compile cache in
 #: ``inductor/``; ``tests.ddp_worker.launch``'s one DDP measurement per run); only its creator removes it.
 RUN_DIR_VARIABLE = "POSENC_RUN_DIR"
-#: The IPython start-up file of the run's notebook kernels (item 6).
-STARTUP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nbval_startup.py")
 
 
 def run_dir() -> str | None:
@@ -109,7 +63,7 @@ FILE_UNITS = ("test_ddp.py",)
 #: Tests that import the installed peers (transformers, diffusers, rotary-embedding-torch; imported at first use,
 #: tests/peers.py): one unit, so that one worker pays for their imports (about 6.5 s on this machine), not each.
 #: The files that import a peer at their top level or run a benchmark against one, and the tests marked ``peers``
-#: elsewhere (tests/test_nbval_plugin.py checks that the two lists hold every such file and test).
+#: elsewhere (tests/notebooks/test_plugins.py checks that the two lists hold every such file and test).
 PEER_FILES = (
     "test_rotary_peers.py",
     "test_timesteps_peers.py",
@@ -119,7 +73,7 @@ PEER_FILES = (
 PEER_TESTS = ("tests/test_conventions.py::test_the_installed_hugging_face_tables",)
 #: Tests that compile or export with torch (test_compile.py, and elsewhere tests whose names say so: "compile",
 #: "inductor", "export"): one unit, so that one worker imports torch's compiler stack (about 4 s) and starts
-#: inductor once, and later graphs reuse what earlier ones built in the same process (tests/test_nbval_plugin.py
+#: inductor once, and later graphs reuse what earlier ones built in the same process (tests/notebooks/test_plugins.py
 #: checks that every test calling torch.compile, torch.export or torch._dynamo has such a name).
 COMPILE_WORDS = ("compile", "inductor", "export")
 COMPILE_FILES = ("test_compile.py",)  # all of it
@@ -180,47 +134,6 @@ def pytest_configure(config: pytest.Config) -> None:
     os.makedirs(cache, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    # the run's kernels: figures drawn, not encoded (item 6)
-    os.environ["PYTHONSTARTUP"] = STARTUP
-    try:
-        import nbval.plugin as nbval_plugin
-    except ImportError:  # the package tests also run where Jupyter is not installed
-        return
-    _fork_kernels()
-    original = nbval_plugin.transform_streams_for_comparison
-    if getattr(original, "_posenc", False):
-        return
-
-    def transform(outputs: list[Any]) -> list[Any]:
-        return original(drop_torch_notices(outputs))
-
-    transform._posenc = True  # type: ignore[attr-defined]
-    nbval_plugin.transform_streams_for_comparison = transform
-
-
-def _fork_kernels() -> None:
-    """nbval's kernels for ``--nbval-current-env`` started by tests/kernel_fork.py (unless
-    ``POSENC_FRESH_KERNELS=1``): the same ipykernel, forked from one process that has imported torch."""
-    from tests import kernel_fork
-
-    if not kernel_fork.enabled():
-        return
-    import nbval.kernel as nbval_kernel
-
-    manager = nbval_kernel.NbvalKernelspecManager
-    original = manager.get_kernel_spec
-    if getattr(original, "_posenc", False):
-        return
-
-    def get_kernel_spec(self: Any, kernel_name: str) -> Any:
-        spec = original(self, kernel_name)
-        launcher = spec.argv[1:3] == ["-m", "ipykernel_launcher"]
-        if kernel_name == nbval_kernel.CURRENT_ENV_KERNEL_NAME and launcher:
-            spec.argv = [spec.argv[0], kernel_fork.SHIM, *spec.argv[3:]]
-        return spec
-
-    get_kernel_spec._posenc = True  # type: ignore[attr-defined]
-    manager.get_kernel_spec = get_kernel_spec
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -3,7 +3,7 @@ phone width.
 
 For every page of the table of contents, at 1280 px and at 390 px (``DESKTOP``, ``PHONE`` in browser_helpers), with
 every folded cell (``hide-input``, ``hide-cell``) opened as a reader would open it. The column (the article's
-content box, measured by ``MEASURE`` in tests/browser_pages.py) is 688 px wide at 1280 px, of which a figure's
+content box, measured by ``MEASURE`` in tests/book/browser_pages.py) is 688 px wide at 1280 px, of which a figure's
 image gets 672 px (the figure's own 8 px side padding); at 390 px it is 358 px, all of it the image's
 (book/_static/posenc.css drops the figure's padding there). An output box holds 94 characters of the code font per
 line at 1280 px (656 px of 11.52 px DejaVu Sans Mono) and 42 at 390 px (326 px of 12.8 px, where lines wrap).
@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.browser_helpers import (
+from tests.book.browser_helpers import (
     COLUMN_PX,
     DESKTOP,
     FIGURE_PX,
@@ -58,7 +58,7 @@ VIEWPORTS = {"desktop": DESKTOP, "phone": PHONE}
 @pytest.fixture(scope="module")
 def measurements(visit: Callable[..., Any]) -> dict[tuple[str, str], dict[str, Any]]:
     """``(viewport, page) -> measurement`` for every page at both widths, from the session's one visit per page
-    (tests/browser_pages.py: ``MEASURE`` at 1280 px, then with the page resized to 390 px)."""
+    (tests/book/browser_pages.py: ``MEASURE`` at 1280 px, then with the page resized to 390 px)."""
     found = {
         (name, docname): visit(html_path(docname)).layout[name]
         for docname in PAGES
@@ -76,12 +76,12 @@ def test_the_columns_are_as_measured(measurements: dict) -> None:
     for (viewport, docname), m in measurements.items():
         assert abs(m["column"] - COLUMN_PX[viewport]) <= 1, (
             f"{docname}: the column is {m['column']} px at {VIEWPORTS[viewport]['width']} px, not "
-            f"{COLUMN_PX[viewport]} px: update COLUMN_PX (tests/browser_helpers.py) and the widths quoted with it"
+            f"{COLUMN_PX[viewport]} px: update COLUMN_PX (tests/book/browser_helpers.py) and the widths quoted with it"
         )
         rooms = {round(i["room"]) for i in m["images"] if i["inFigure"]}
         assert rooms <= {FIGURE_PX[viewport]}, (
             f"{docname}: figures get {sorted(rooms)} px at {VIEWPORTS[viewport]['width']} px, not "
-            f"{FIGURE_PX[viewport]} px: update FIGURE_PX (tests/browser_helpers.py) and the widths quoted with it"
+            f"{FIGURE_PX[viewport]} px: update FIGURE_PX (tests/book/browser_helpers.py) and the widths quoted with it"
         )
 
 
@@ -156,7 +156,7 @@ def test_figures_fit_and_stay_legible(
     book/posenc.mplstyle, whose smallest font (read from the style: 10.5 pt today) is that many points at the
     style's dpi (100), 14.6 px in the stored image; the image is shown at ``displayed width / natural width`` of
     that, so its smallest text reads at ``scale * 14.6 px``. Two premises make that the text's real size, and
-    tests/test_figure_style.py checks both without a browser: every notebook that draws applies the style in its
+    tests/book/test_figure_style.py checks both without a browser: every notebook that draws applies the style in its
     first code cell and passes no smaller font size anywhere, and every stored PNG was saved at the style's dpi
     and is no wider than the style's 6.2 in plus the tight bounding box's margins (640 px). This test checks the
     second premise again on the page (a figure wider than 640 px was not drawn with the style), so that a failure

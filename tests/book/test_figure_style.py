@@ -1,7 +1,7 @@
 """Every figure of the book is drawn with book/posenc.mplstyle, checked from the notebooks alone (no browser).
 
 The style fixes what a reader's screen needs (see its header): figures at most 6.2 in wide at 100 dpi, no text
-under 10.5 pt, at most two panels side by side. A stored PNG's text cannot be measured, so tests/test_layout.py
+under 10.5 pt, at most two panels side by side. A stored PNG's text cannot be measured, so tests/book/test_layout.py
 derives it: the displayed scale of each image times the style's smallest font (14.6 px at 100 dpi) must read at
 10 px or more at a 1280 px window and 8 px or more at 390 px. That holds only if every figure really is drawn
 with the style at its sizes, which is what this file checks:
@@ -39,7 +39,7 @@ from typing import Any
 import matplotlib
 import pytest
 
-from tests.browser_helpers import (
+from tests.book.browser_helpers import (
     FIGURE_PX,
     MIN_TEXT_PX,
     figure_style,
@@ -47,7 +47,7 @@ from tests.browser_helpers import (
     font_size_pt,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 IDS = [p.name for p in NOTEBOOKS]
 STYLE = figure_style()
@@ -395,7 +395,7 @@ def test_the_style_keeps_its_contract() -> None:
 
 
 def test_a_style_figure_meets_the_browser_bars() -> None:
-    """The widest figure the style draws, scaled into the columns tests/test_layout.py measures, still shows its
+    """The widest figure the style draws, scaled into the columns tests/book/test_layout.py measures, still shows its
     smallest text at the bars there (10 px at 1280 px, 8 px at 390 px)."""
     for viewport, room in FIGURE_PX.items():
         scale = min(1.0, room / STYLE.max_png_width)

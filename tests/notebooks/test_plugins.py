@@ -1,4 +1,5 @@
-"""tests/nbval_plugin.py: a private torch.compile cache per run, torch's environment notices ignored, nothing else."""
+"""tests/plugin.py and tests/notebooks/plugin.py: a private torch.compile cache per run, notebooks whole on one
+worker, torch's environment notices ignored, nothing else."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.nbval_plugin import drop_torch_notices, strip_torch_notices
+from tests.notebooks.plugin import drop_torch_notices, strip_torch_notices
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CUDA_NOTICE = "No CUDA runtime is found, using CUDA_HOME='/usr/local/cuda'\n"
 GUARDS_NOTICE = (
     "/x/torch/_dynamo/guards.py:1344: RuntimeWarning: Guards may run slower on Python 3.13.0. "
@@ -31,10 +32,10 @@ def test_this_run_has_a_private_inductor_cache() -> None:
 
 
 def test_kernels_are_compiled_in_the_compiling_process() -> None:
-    # tests/nbval_plugin.py sets TORCHINDUCTOR_COMPILE_THREADS=1 unless it is set: no pool of compile workers
+    # tests/plugin.py sets TORCHINDUCTOR_COMPILE_THREADS=1 unless it is set: no pool of compile workers
     threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
     assert threads is not None, (
-        "tests/nbval_plugin.py did not set TORCHINDUCTOR_COMPILE_THREADS"
+        "tests/plugin.py did not set TORCHINDUCTOR_COMPILE_THREADS"
     )
     from torch._inductor import config
 
@@ -93,7 +94,8 @@ def _nbval(*paths: Path) -> subprocess.CompletedProcess:
     ``--dist loadgroup``, no tests/conftest.py; ``-rA``: a line per outcome."""
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "--color=no", "-p", "no:cacheprovider", "-c", "/dev/null",
-         "--rootdir", str(paths[0].parent), "-p", "tests.nbval_plugin", "--nbval", "--nbval-current-env",
+         "--rootdir", str(paths[0].parent), "-p", "tests.plugin", "-p", "tests.notebooks.plugin", "--nbval",
+         "--nbval-current-env",
          "-n", "2", "--dist", "loadgroup", *map(str, paths)],
         cwd=ROOT, capture_output=True, text=True, env=_env(),
     )  # fmt: skip
@@ -146,14 +148,14 @@ def test_the_iri_grammar_is_not_built_and_notebooks_still_validate() -> None:
 
 
 def test_scheduling_units() -> None:
-    from tests.nbval_plugin import scope_of
+    from tests.plugin import scope_of
 
     assert scope_of("book/01_derivation.ipynb::Cell 3") == "notebook book/01_derivation"
     assert (
         scope_of("book/01_derivation.ipynb::ipynb::Cell 3")
         == "notebook book/01_derivation"
     )
-    assert scope_of("tests/test_layout.py::test_x[book/intro]") == "browser"
+    assert scope_of("tests/book/test_layout.py::test_x[book/intro]") == "browser"
     assert scope_of("tests/test_ddp.py::test_x") == "tests/test_ddp.py"
     assert scope_of("tests/test_rotary_peers.py::test_x[1-2]") == "peers"
     assert (
@@ -175,7 +177,7 @@ def test_scheduling_units() -> None:
 def test_every_test_that_compiles_is_in_the_compile_unit() -> None:
     import ast
 
-    from tests.nbval_plugin import COMPILE_FILES, COMPILE_WORDS
+    from tests.plugin import COMPILE_FILES, COMPILE_WORDS
 
     outside = []
     for path in sorted((ROOT / "tests").glob("test_*.py")):
@@ -201,7 +203,7 @@ def test_the_peers_unit_holds_every_test_that_imports_a_peer() -> None:
     # is in PEER_FILES; a test marked `peers` elsewhere is in PEER_TESTS; and every entry names a real test
     import ast
 
-    from tests.nbval_plugin import PEER_FILES, PEER_TESTS
+    from tests.plugin import PEER_FILES, PEER_TESTS
 
     files, tests = set(), set()
     for path in sorted((ROOT / "tests").glob("test_*.py")):

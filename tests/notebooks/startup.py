@@ -1,4 +1,4 @@
-"""IPython start-up file of the notebook kernels of a test run (``PYTHONSTARTUP``, set by tests/nbval_plugin.py).
+"""IPython start-up file of the notebook kernels of a test run (``PYTHONSTARTUP``, set by tests/notebooks/plugin.py).
 
 nbval compares a figure's ``text/plain`` (``<Figure size 800x520 with 15 Axes>``), never its image: nbval drops
 ``image/png`` from both sides before comparing. The inline backend would still render every figure twice (once

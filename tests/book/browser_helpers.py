@@ -1,4 +1,4 @@
-"""Shared by tests/test_browser.py and tools/screenshots.py: the built book, its pages, a local server, Chromium.
+"""Shared by tests/book/test_browser.py and tools/screenshots.py: the built book, its pages, a local server, Chromium.
 
 The book is read from ``POSENC_BOOK_HTML`` (default ``_build/html``, where ``make book`` writes it) and served on
 127.0.0.1 at a free port. Chromium is Debian's (``POSENC_CHROMIUM``, default ``/usr/bin/chromium``), driven by
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Without the background-networking flags Chromium reaches out to Google hosts on its own. Every request beyond
 # this machine goes to a proxy on a closed local port (DEAD_PROXY) and fails there, in the browser itself:
@@ -39,16 +39,16 @@ CHROMIUM_ARGS = [
 ]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
-#: The theme's column at each width (px, the article's content box; tests/test_layout.py measures it), the width
+#: The theme's column at each width (px, the article's content box; tests/book/test_layout.py measures it), the width
 #: a figure's image gets in it (the figure's 8 px side padding is dropped on a phone, book/_static/posenc.css),
 #: and how tall a figure's smallest text must read there (px as displayed): 10 px on a desktop, 8 px on a phone.
 COLUMN_PX = {"desktop": 688, "phone": 358}
 FIGURE_PX = {"desktop": 672, "phone": 358}
 MIN_TEXT_PX = {"desktop": 10.0, "phone": 8.0}
 #: A table cell of at most this many characters ("5 of 5", "0.51× (0.45–0.54)") must not wrap over lines
-#: (tests/test_layout.py; book/_ext/table_reflow.py estimates table widths with the same limit).
+#: (tests/book/test_layout.py; book/_ext/table_reflow.py estimates table widths with the same limit).
 SHORT_CELL = 20
-#: The figure style every notebook applies in its first code cell (tests/test_figure_style.py).
+#: The figure style every notebook applies in its first code cell (tests/book/test_figure_style.py).
 FIGURE_STYLE = ROOT / "book" / "posenc.mplstyle"
 
 

@@ -1,4 +1,5 @@
-"""One visit per page of the built book, shared by every browser test (tests/test_browser.py, tests/test_layout.py).
+"""One visit per page of the built book, shared by every browser test (tests/book/test_browser.py and
+tests/book/test_layout.py).
 
 :func:`visitor` opens a page once, records its requests and console, collects what it shows (``COLLECT``) and
 measures its layout (``MEASURE``) at the desktop width, then resized to the phone width (the page is not
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from tests.browser_helpers import (
+from tests.book.browser_helpers import (
     PHONE,
     SHORT_CELL,
     WAIT_FOR_MATHJAX,
@@ -235,7 +236,7 @@ def visitor(context: Any, base_url: str, book_dir: Path) -> Callable[..., Visit]
         page = context.new_page()
 
         # recorded, not intercepted: Chromium's proxy setting makes any request beyond this machine fail
-        # (tests/browser_helpers.py, CHROMIUM_ARGS)
+        # (tests/book/browser_helpers.py, CHROMIUM_ARGS)
         page.on(
             "request",
             lambda r: not is_local(r.url) and result.external_requests.append(r.url),

@@ -2,7 +2,7 @@
 
 Every notebook under nbval gets its own new kernel, and every new kernel used to spend about 3.5 s of a core
 importing the same modules (torch, numpy, IPython, ipykernel, matplotlib) before its first cell ran, and about 4 s
-more for torch's compiler where it compiles. In a test run (``POSENC_RUN_DIR`` set, tests/nbval_plugin.py),
+more for torch's compiler where it compiles. In a test run (``POSENC_RUN_DIR`` set, tests/plugin.py),
 nbval's kernel command is this file instead of ``python -m ipykernel_launcher``:
 
 - the **shim** (``kernel_fork.py -f <connection file>``, what jupyter_client starts and manages) asks the run's
@@ -42,13 +42,13 @@ PRELOAD = (
     "ipykernel_launcher",
     "matplotlib",
     # 0.3-0.45 s a kernel; importing pyplot loads no backend, so the inline backend still hooks into the kernel's
-    # IPython at its first figure (tests/test_kernel_fork.py displays one)
+    # IPython at its first figure (tests/notebooks/test_kernel_fork.py displays one)
     "matplotlib.pyplot",
     # torch's compiler stack, about 4 s of a core to import, which every chapter that compiles paid at its first
     # torch.compile (07's first compiled cell: 3.1 s with its own import, 0.75 s forked; the server's start: 4 s
     # before, 7 s after). The settings these read from the environment at import are the run's (every kernel of
     # a run has the run's environment); those read from the working directory are re-derived in each kernel
-    # (_settings_of_this_directory). tests/test_kernel_fork.py compares them all with a fresh interpreter's.
+    # (_settings_of_this_directory). tests/notebooks/test_kernel_fork.py compares them all with a fresh interpreter's.
     "torch._dynamo",
     "torch._inductor.compile_fx",
 )
@@ -61,7 +61,7 @@ def _fresh_kernel(argv: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *argv])
 
 
-#: This file: nbval's kernel command in a test run (tests/nbval_plugin.py), the shim.
+#: This file: nbval's kernel command in a test run (tests/plugin.py), the shim.
 SHIM = os.path.abspath(__file__)
 
 
@@ -191,7 +191,7 @@ def _kernel(connection: socket.socket, request: dict, fds: list[int]) -> None:
 
 def _settings_of_this_directory() -> None:
     """Re-derive, in the forked kernel, the preloaded settings that torch computes from the working directory at
-    import: those of the server's directory otherwise (tests/test_kernel_fork.py compares every setting with a
+    import: those of the server's directory otherwise (tests/notebooks/test_kernel_fork.py compares every setting with a
     fresh interpreter's)."""
     dynamo = sys.modules.get("torch._dynamo.config")
     if dynamo is not None:

@@ -1,6 +1,6 @@
-"""tests/kernel_fork.py: nbval's kernels forked from the run's server behave as kernels started afresh do.
+"""tests/notebooks/kernel_fork.py: nbval's kernels forked from the run's server behave as kernels started afresh do.
 
-A kernel is started the way nbval starts one (its kernel spec manager, patched by tests/nbval_plugin.py); it runs
+A kernel is started the way nbval starts one (its kernel spec manager, patched by tests/plugin.py); it runs
 code with the notebook's directory and environment, is interrupted, and goes away when the process jupyter_client
 manages is killed. Without the run's directory, or with ``POSENC_FRESH_KERNELS=1``, the shim starts a fresh
 kernel itself.
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests import kernel_fork
+from tests.notebooks import kernel_fork
 
 nbval_kernel = pytest.importorskip("nbval.kernel")
 pytest.importorskip("jupyter_client")
@@ -185,10 +185,10 @@ def test_fresh_kernels_without_a_run_directory_or_when_asked(
 def test_a_run_s_kernel_draws_each_figure_once_and_makes_no_image(
     tmp_path: Path,
 ) -> None:
-    # tests/nbval_startup.py, the run's PYTHONSTARTUP (tests/nbval_plugin.py), in a kernel started as nbval starts
+    # tests/notebooks/startup.py, the run's PYTHONSTARTUP (tests/plugin.py), in a kernel started as nbval starts
     # one (forked or fresh): a figure is displayed as its text, drawn once, with no PNG; nothing is left in the
     # notebook's namespace; a draw-time error still reaches the cell's output
-    from tests.nbval_plugin import STARTUP
+    from tests.notebooks.plugin import STARTUP
 
     assert os.environ["PYTHONSTARTUP"] == STARTUP
     manager, client = _start(tmp_path)
