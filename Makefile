@@ -20,13 +20,15 @@ TEST_THREADS ?= $(if $(filter 1,$(TEST_JOBS)),$(shell nproc 2>/dev/null || echo 
 # JupyterLab refuses to start as root without --allow-root (containers often run as root).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help venv book test test-fast test-time test-portable test-floor notebooks export check-export lint lab bench experiment gpu-check clean
+.PHONY: help venv book test test-deploy census test-fast test-time test-portable test-floor notebooks export check-export lint lab bench experiment gpu-check clean
 
 help:
 	@echo "make help           this list"
 	@echo "make venv           create .venv from requirements.txt (every other target does it when missing)"
 	@echo "make book           build the HTML book into _build/html (warnings are errors); open _build/html/index.html"
 	@echo "make test           tests/ and every notebook under nbval, in parallel (TEST_JOBS=$(TEST_JOBS)); builds the book first"
+	@echo "make test-deploy    the slow deployment paths: ONNX through onnxruntime and AOTInductor packages (needs g++)"
+	@echo "make census         every transformers family with a rotary module, built tiny, swapped, compared"
 	@echo "make test-fast      tests/ only, no notebooks and no book build, stopping at the first failure"
 	@echo "make test-time      time 'make test' (and its parts) on this machine -> benchmarks/results/test-time-*.json"
 	@echo "make test-portable  the notebooks under ATEN_CPU_CAPABILITY=default, then OMP_NUM_THREADS=1"
@@ -52,6 +54,9 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q -r requirements.txt
 	$(PY) -m pip install --disable-pip-version-check -q --no-deps -r requirements-nodeps.txt
+	@# the repository root on the venv's path, so that the chapters (in nbval's kernels, `make lab`, `make notebooks`)
+	@# import the reference implementations as `tests.references` without editing sys.path
+	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'posenc-repository.pth').write_text('$(CURDIR)\n')"
 	@touch $(STAMP)
 
 # The last good build, and what the book is built from (the pages, their extensions and static files, the
@@ -78,7 +83,17 @@ $(BOOK_STAMP): $(STAMP) $(BOOK_INPUTS)
 # pytest's options (nbval, strict, the sanitize file, tests/plugin.py) are in pyproject.toml, so a plain
 # `pytest` at the root runs this same suite.
 test: book
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup tests book
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -m "not deploy" tests book
+
+# The deployment paths that compile a program each (ONNX exported and run in onnxruntime, AOTInductor packages,
+# which need a C++ compiler: apt-get install -y g++): minutes, so not in `make test`; .ci/run runs them.
+test-deploy: $(STAMP)
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -q -m deploy tests/test_deployment.py
+
+# The census of transformers' rotary families (tests/census/): about a minute on 2 cores, so its own target, run by
+# .ci/run; it writes nothing (python -m tests.census rewrites benchmarks/results/census-transformers-*.json).
+census: $(STAMP)
+	POSENC_CENSUS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q tests/test_census.py
 
 # How long `make test` takes here, and where the time goes (a benchmark, not a test: nothing asserts a time).
 test-time: $(STAMP)

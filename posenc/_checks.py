@@ -60,6 +60,7 @@ def check_int(name: str, value: object, fix: str) -> int:
     raise TypeError(f"{name} must be an int, {_got(value)}; {fix}")
 
 
+# 17_argument_checks.ipynb, cell 10: The checks
 def check_count(
     name: str, value: object, minimum: int, example: str, what: str = ""
 ) -> int:
@@ -80,6 +81,7 @@ def check_count(
     return value
 
 
+# 17_argument_checks.ipynb, cell 11: The checks
 def check_even(name: str, value: object, what: str, example: str) -> int:
     """``value`` as a positive even int (channels rotated in pairs)."""
     fix = f"pass e.g. {name}={example}"
@@ -92,6 +94,7 @@ def check_even(name: str, value: object, what: str, example: str) -> int:
     return value
 
 
+# 17_argument_checks.ipynb, cell 12: The checks
 def check_real(
     name: str,
     value: object,
@@ -131,6 +134,7 @@ def check_real(
     return value
 
 
+# 17_argument_checks.ipynb, cell 13: The checks
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     """``value`` if it is one of ``choices``, else a ValueError listing them."""
     if not isinstance(value, str) or value not in choices:
@@ -139,6 +143,7 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     return value
 
 
+# 17_argument_checks.ipynb, cell 14: The checks
 def check_bool(name: str, value: object, why: str) -> bool:
     """``value`` if it is a bool (not merely truthy), else a TypeError."""
     if not isinstance(value, bool):
@@ -146,6 +151,7 @@ def check_bool(name: str, value: object, why: str) -> bool:
     return value
 
 
+# 17_argument_checks.ipynb, cell 15: The checks
 def check_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
     """``dtype`` if it is a floating torch.dtype, else a TypeError."""
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -156,6 +162,7 @@ def check_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
     return dtype
 
 
+# 17_argument_checks.ipynb, cell 16: The checks
 def check_base(base: object, name: str = "base") -> float:
     """The base of the frequencies ω_i = base^(-2i/d): a finite number > 1."""
     return check_real(
@@ -164,7 +171,7 @@ def check_base(base: object, name: str = "base") -> float:
     )  # fmt: skip
 
 
-# 17_argument_checks.ipynb, cell 11: The checks
+# 17_argument_checks.ipynb, cell 18: The checks
 def check_offset(offset: object, name: str = "offset", fix: str = "") -> int:
     """``offset`` as an int in [0, 2^53]: the position of a sequence's first token.
 
@@ -196,7 +203,7 @@ def check_offset(offset: object, name: str = "offset", fix: str = "") -> int:
     return offset
 
 
-# 17_argument_checks.ipynb, cell 13: When values are read
+# 17_argument_checks.ipynb, cell 20: When values are read
 #: Dtypes torch stores but has no CPU arithmetic for: refused here by name,
 #: not left to a kernel's NotImplementedError deep inside a call.
 STORAGE_ONLY = frozenset(
