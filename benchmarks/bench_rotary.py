@@ -429,7 +429,7 @@ def load_revision(rev: str, directory: Path) -> Any:
     package = directory / name
     package.mkdir(parents=True, exist_ok=True)
     listing = subprocess.run(
-        ["git", "ls-tree", "--name-only", rev, "posenc/"],
+        ["git", "ls-tree", "-r", "--name-only", rev, "posenc/"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     for path in listing:
@@ -445,7 +445,9 @@ def load_revision(rev: str, directory: Path) -> Any:
         text = re.sub(r"\bposenc\.", f"{name}.", text).replace(
             '"posenc::', f'"{name}::'
         )
-        (package / Path(path).name).write_text(text)
+        target = package / Path(path).relative_to("posenc")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
     if str(directory) not in sys.path:
         sys.path.insert(0, str(directory))
     return importlib.import_module(name)

@@ -74,7 +74,7 @@ from benchmarks.bench import (  # noqa: E402
 )
 from posenc import Timesteps, sincos_grid, timestep_embedding  # noqa: E402
 from posenc._checks import check_bool, values_checkable  # noqa: E402
-from posenc.sincos.embeddings import _check_freq_args, _check_timesteps  # noqa: E402
+from posenc.sincos._args import _check_freq_args, _check_timesteps  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BATCH, DIM = 256, 320

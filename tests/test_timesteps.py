@@ -787,6 +787,23 @@ def test_detr_fully_padded_columns_get_position_zero_for_any_eps():
         )
 
 
+@pytest.mark.parametrize("shape", [(0, 4, 6), (2, 0, 6), (2, 4, 0), (0, 0, 0)])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_detr_masks_with_an_axis_of_size_0_give_the_empty_result(shape, normalize):
+    # as every other function: an empty input gives the empty result of its shape
+    batch, height, width = shape
+    expected = (batch, 16, height, width)
+    mask = torch.zeros(shape, dtype=torch.bool)
+    out = detr_sine_encoding(mask, 8, normalize=normalize, dtype=F64)
+    assert out.shape == expected and out.dtype == F64
+    hf = detr_sine_encoding(
+        pixel_mask=torch.ones(shape, dtype=torch.long), num_pos_feats=8
+    )
+    assert hf.shape == expected and hf.dtype == torch.float32
+    module = PositionEmbeddingSine(8, normalize=normalize)
+    assert module(mask).shape == expected
+
+
 def test_unsupported_time_step_dtypes_get_a_type_error():
     names = ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2")
     for dtype in [getattr(torch, n) for n in names if hasattr(torch, n)]:

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_bool, check_choice, check_count, check_real
+from posenc.sincos._args import _check_freq_args
 from posenc.sincos.embeddings import (
-    _check_freq_args,
     detr_sine_encoding,
     sincos_grid,
     timestep_embedding,

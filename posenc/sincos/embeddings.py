@@ -14,21 +14,17 @@ __all__ = [
 # 07_timesteps_and_grids.ipynb, cell 10: One axis: the reference
 
 import math
-import operator
-import warnings
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from posenc._checks import (
-    check_bool,
-    check_choice,
-    check_count,
-    check_dtype,
-    check_real,
-    in_torch_func,
-    values_checkable,
+from posenc._checks import in_torch_func
+from posenc.sincos._args import (
+    _GRID_AXES,
+    check_detr_args,
+    check_grid_args,
+    check_timestep_args,
 )
 from posenc.sinusoidal.encoding import _round_once, _row_ranges
 
@@ -69,107 +65,26 @@ def _round(x: Tensor, dtype: torch.dtype) -> Tensor:
 
 # 07_timesteps_and_grids.ipynb, cell 16: Time steps
 def _table(
-    rows: int,
+    n_rows: int,
     row_shape: tuple[int, ...],
     dtype: torch.dtype,
     device: torch.device,
     block: Callable[[int, int], Tensor],
     one_block: bool = False,
 ) -> Tensor:
-    """``[rows, *row_shape]`` of ``dtype``, rows ``start:stop`` being
+    """``[n_rows, *row_shape]`` of ``dtype``, rows ``start:stop`` being
     ``block(start, stop)`` (float64) rounded once, built chunk by chunk."""
     entries = math.prod(row_shape)
-    ranges = _row_ranges(rows, entries, rows * entries * dtype.itemsize)
+    ranges = _row_ranges(n_rows, entries, n_rows * entries * dtype.itemsize)
     if one_block or len(ranges) == 1:
-        return _round(block(0, rows), dtype)
-    out = torch.empty((rows, *row_shape), dtype=dtype, device=device)
+        return _round(block(0, n_rows), dtype)
+    out = torch.empty((n_rows, *row_shape), dtype=dtype, device=device)
     for start, stop in ranges:
         out[start:stop] = _round(block(start, stop), dtype)
     return out
 
 
 # 07_timesteps_and_grids.ipynb, cell 18: Time steps
-# The dtypes a time step may have (integers and floats torch reduces on the CPU)
-_TIMESTEP_DTYPES = (
-    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64,
-)  # fmt: skip
-
-
-def _check_timesteps(timesteps: object, scale: float = 1.0) -> Tensor:
-    """A real 1-D tensor of finite time steps >= 0 whose largest angle
-    ``scale * t`` is finite: ``[N]`` (values read only where
-    ``values_checkable``)."""
-    if not isinstance(timesteps, Tensor):
-        raise TypeError(
-            "timesteps must be a torch.Tensor [N] (one time step per batch "
-            f"element), got {type(timesteps).__name__}; pass e.g. "
-            "torch.tensor([999.0]) or torch.arange(1000)"
-        )
-    if timesteps.dtype not in _TIMESTEP_DTYPES:
-        raise TypeError(
-            "timesteps must be an integer or floating tensor of a dtype torch "
-            f"computes with on the CPU, got dtype {timesteps.dtype}; pass e.g. "
-            "timesteps.long() or timesteps.float()"
-        )
-    if timesteps.dim() != 1:
-        raise ValueError(
-            "timesteps must be 1-D [N] (one time step per batch element, as in "
-            f"diffusers' get_timestep_embedding), got shape {tuple(timesteps.shape)}; "
-            "pass timesteps.reshape(-1) (or timesteps[None] for one 0-d time step)"
-        )
-    if not (timesteps.numel() and values_checkable(timesteps)):
-        return timesteps
-    # one reduction (a NaN fails low >= 0); one value for an expanded batch
-    probe = timesteps[:1] if timesteps.stride(0) == 0 else timesteps
-    low, high = (v.item() for v in torch.aminmax(probe))
-    if not (low >= 0 and high < math.inf):
-        bad = ~torch.isfinite(probe) | (probe < 0)
-        i = int(torch.nonzero(bad)[0, 0])
-        raise ValueError(
-            "timesteps must be finite and >= 0 (time steps count up from 0), "
-            f"got {timesteps[i].item()} at index {i}; check what produced them "
-            "(a NaN or infinite time step gives a NaN embedding, a negative one "
-            "an embedding no model was trained on)"
-        )
-    if not math.isfinite(high * scale):
-        raise ValueError(
-            f"scale * timesteps must be finite (it is the largest angle), got "
-            f"scale={scale:g} with a largest time step of {high:g}; pass a "
-            "smaller scale (1000 maps time in [0, 1] to diffusers' steps)"
-        )
-    return timesteps
-
-
-def _check_freq_args(
-    dim: object, shift: object, scale: object, max_period: object, name: str = "dim"
-) -> tuple[int, float, float, float]:
-    """``(dim, downscale_freq_shift, scale, max_period)``, validated; ``name``: the
-    width's argument name (``num_channels`` in the module)."""
-    dim = check_count(name, dim, 2, "256")
-    shift = check_real(
-        "downscale_freq_shift", shift, above=None,
-        why="0 in ADM, DiT and Stable Diffusion; 1 in DDPM", example="0",
-    )  # fmt: skip
-    if dim // 2 - shift <= 0:
-        raise ValueError(
-            f"{name} // 2 - downscale_freq_shift must be > 0 (the frequencies are "
-            f"max_period^(-j / ({name} // 2 - downscale_freq_shift))), got "
-            f"{name}={dim} with downscale_freq_shift={shift:g}; pass a larger {name} "
-            f"(e.g. {name}=256) or downscale_freq_shift=0"
-        )
-    scale = check_real(
-        "scale", scale, above=0.0,
-        why="the angles are multiplied by it", example="1.0",
-    )  # fmt: skip
-    max_period = check_real(
-        "max_period", max_period, above=1.0,
-        why="the slowest frequency is about 1/max_period", example="10000",
-    )  # fmt: skip
-    return dim, shift, scale, max_period
-
-
-# 07_timesteps_and_grids.ipynb, cell 19: Time steps
 def timestep_embedding(
     timesteps: Tensor,
     dim: int,
@@ -224,12 +139,10 @@ def timestep_embedding(
             time step, scale · t overflows, dim // 2 - downscale_freq_shift
             <= 0, or another argument is out of range.
     """
-    dim, shift, scale, max_period = _check_freq_args(
-        dim, downscale_freq_shift, scale, max_period
-    )
-    t = _check_timesteps(timesteps, scale)
-    flip = check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
-    dtype = torch.float32 if dtype is None else check_dtype(dtype)
+    t, dim, flip, shift, scale, max_period, dtype = check_timestep_args(
+        timesteps, dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period,
+        dtype,
+    )  # fmt: skip
     n = t.shape[0]
     # a time step expanded over the batch (t.expand(N), as diffusers' pipelines
     # pass it) holds one value: compute one row, then copy it
@@ -238,139 +151,32 @@ def timestep_embedding(
     if scale != 1.0:
         p = p * scale
 
-    def rows(start: int, stop: int) -> Tensor:  # float64 [stop - start, dim]
+    def block(start: int, stop: int) -> Tensor:  # float64 [stop - start, dim]
         emb = _sincos(p[start:stop], dim // 2, shift, max_period, cos_first=flip)
         if dim % 2:
             emb = torch.cat((emb, emb.new_zeros(stop - start, 1)), dim=-1)
         return emb
 
     whole = not torch.compiler.is_compiling() and in_torch_func(t)  # torch.func
-    emb = _table(p.shape[0], (dim,), dtype, t.device, rows, one_block=whole)
+    emb = _table(p.shape[0], (dim,), dtype, t.device, block, one_block=whole)
     return emb.expand(n, dim).contiguous() if expanded else emb
 
 
-# 07_timesteps_and_grids.ipynb, cell 29: Grids
+# 07_timesteps_and_grids.ipynb, cell 28: Grids
 #: ``sincos_grid`` conventions: how the channels of a grid are shared among its axes.
-GRID_CONVENTIONS = ("mae", "big_vision", "mocov3", "timm", "diffusers_3d")
+GRID_CONVENTIONS = tuple(_GRID_AXES)
 
 
-def _check_shape(shape: object) -> tuple[int, ...]:
-    """``shape`` as a tuple of ints >= 1, one per grid axis."""
-    fix = "pass e.g. shape=(16, 16), or (T, H, W) for frames"
-    if isinstance(shape, int) and not isinstance(shape, bool):
-        raise TypeError(
-            f"shape must be a tuple of ints, one per grid axis, got the int {shape} "
-            f"(for a square grid pass ({shape}, {shape})); {fix}"
-        )
-    if not isinstance(shape, Sequence) or isinstance(shape, str) or not shape:
-        raise TypeError(
-            "shape must be a non-empty tuple of ints, one per grid axis, got "
-            f"{shape!r}; {fix}"
-        )
-    sizes = []
-    for axis, size in enumerate(shape):
-        try:
-            sizes.append(operator.index(size))
-        except TypeError:
-            raise TypeError(
-                f"shape must hold ints, got {size!r} of type {type(size).__name__} "
-                f"for axis {axis}; {fix}"
-            ) from None
-        if isinstance(size, bool) or sizes[-1] < 1:
-            raise ValueError(
-                f"shape must hold sizes >= 1, got {tuple(shape)!r}: axis {axis} has "
-                f"size {size!r}, and every axis needs at least one position; {fix}"
-            )
-    return tuple(sizes)
-
-
-def _per_axis(name: str, value: object, n_axes: int, why: str) -> tuple[float, ...]:
-    """One finite number > 0, or one per grid axis: a tuple of ``n_axes``."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        if len(value) != n_axes:
-            raise ValueError(
-                f"{name} must be one number or one per grid axis ({n_axes}), got "
-                f"{len(value)} values {tuple(value)!r}"
-            )
-        return tuple(
-            check_real(name, v, above=0.0, why=why, example="1.0") for v in value
-        )
-    return (check_real(name, value, above=0.0, why=why, example="1.0"),) * n_axes
-
-
-def _grid_divisors(
-    sizes: tuple[int, ...],
-    interpolation_scale: object,
-    base_size: object,
-    scale: object,
-) -> tuple[float, ...]:
-    """What the positions of each axis are divided by: ``interpolation_scale``,
-    times ``size / base_size`` when ``base_size`` is given (diffusers' 2-D
-    rule); ``scale`` is a deprecated alias of ``interpolation_scale``."""
-    n = len(sizes)
-    if scale is not None:
-        if interpolation_scale != 1.0:
-            raise ValueError(
-                "pass interpolation_scale only (scale is its deprecated alias), "
-                f"got scale={scale!r} and interpolation_scale={interpolation_scale!r}"
-            )
-        warnings.warn(
-            "sincos_grid's scale is deprecated: pass interpolation_scale=, "
-            "which has the same meaning (it divides the positions)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        interpolation_scale = scale
-    why = "the positions along an axis are divided by it"
-    divisors = _per_axis("interpolation_scale", interpolation_scale, n, why)
-    if base_size is not None:
-        why = "each axis's positions span base_size / interpolation_scale"
-        bases = _per_axis("base_size", base_size, n, why)
-        divisors = tuple(k * s / b for k, s, b in zip(divisors, sizes, bases))
-    for axis, (size, k) in enumerate(zip(sizes, divisors)):
-        # the largest position (symbolic while torch.compile traces: not checked)
-        if torch.compiler.is_compiling() or math.isfinite((size - 1) / k):
-            continue
-        raise ValueError(
-            f"the positions of axis {axis} overflow: {size - 1} / {k:g} is not "
-            "finite; pass a larger interpolation_scale (or a smaller base_size)"
-        )
-    return divisors
-
-
-# 07_timesteps_and_grids.ipynb, cell 30: Grids
 def _grid_plan(
     convention: str, n_axes: int, dim: int
-) -> tuple[dict[int, tuple[int, float]], list[tuple[int, int, int]]]:
+) -> tuple[dict[int, tuple[int, float]], list[tuple[int, int, int, int]]]:
     """How ``convention`` shares ``dim`` channels among ``n_axes`` axes.
 
     Returns ``(tables, pieces)``: ``tables[axis] = (half, shift)`` builds that
-    axis's ``[size, 2 half]`` table ``[sin | cos]``; ``pieces`` lists the
-    ``(axis, start, stop)`` column ranges of those tables in output order.
+    axis's ``[size, 2 half]`` table ``[sin | cos]``; ``pieces`` lists, in output
+    order, ``(axis, start, stop, column)``: the columns ``start:stop`` of that
+    axis's table go to the output columns from ``column`` on.
     """
-    axes_of = {"mae": None, "big_vision": 2, "mocov3": 2, "timm": 2, "diffusers_3d": 3}
-    needed = axes_of[convention]
-    if needed is not None and n_axes != needed:
-        grid = "(H, W)" if needed == 2 else "(T, H, W)"
-        raise ValueError(
-            f"convention {convention!r} is defined for {needed}-D grids {grid}, got "
-            f"a {n_axes}-D shape; use convention='mae' for any number of axes"
-        )
-    # channels per axis block must split into sines and cosines
-    multiple = {"mae": 2 * n_axes, "diffusers_3d": 16}.get(convention, 4)
-    minimum = 8 if convention == "big_vision" else multiple
-    if dim % multiple or dim < minimum:
-        suggest = max(minimum, -(-dim // multiple) * multiple)
-        why = {
-            "mae": f"{n_axes} equal blocks of sines and cosines",
-            "diffusers_3d": "1/4 of the channels for time, 3/8 for each spatial axis",
-        }.get(convention, "two axes, each dim/4 sines and dim/4 cosines")
-        extra = " and >= 8 (its frequencies divide by dim/4 - 1)" * (minimum == 8)
-        raise ValueError(
-            f"dim must be divisible by {multiple}{extra} for convention "
-            f"{convention!r} on a {n_axes}-D grid ({why}), got {dim}; pass e.g. "
-            f"dim={suggest}"
-        )
     if convention == "mae":  # the last axis first: [w | h] for (H, W)
         half = dim // (2 * n_axes)
         tables = {a: (half, 0.0) for a in range(n_axes)}
@@ -388,10 +194,12 @@ def _grid_plan(
     else:  # diffusers_3d: [t (dim/4) | w (3 dim/8) | h (3 dim/8)] for (T, H, W)
         tables = {0: (dim // 8, 0.0), 1: (3 * dim // 16, 0.0), 2: (3 * dim // 16, 0.0)}
         pieces = [(0, 0, dim // 4), (2, 0, 3 * dim // 8), (1, 0, 3 * dim // 8)]
-    return tables, pieces
+    # each piece's first column in the output
+    columns = [sum(b - a for _, a, b in pieces[:k]) for k in range(len(pieces))]
+    return tables, [(*piece, c) for piece, c in zip(pieces, columns)]
 
 
-# 07_timesteps_and_grids.ipynb, cell 31: Grids
+# 07_timesteps_and_grids.ipynb, cell 29: Grids
 def sincos_grid(
     shape: Sequence[int],
     dim: int,
@@ -423,13 +231,12 @@ def sincos_grid(
     - ``"diffusers_3d"`` (CogVideoX): ``[t | w | h]`` for (T, H, W), with dim/4,
       3 dim/8 and 3 dim/8 channels, s = 0.
 
-    Tokens are in row-major order over ``shape`` (the last axis fastest), the
-    order in which those libraries flatten their patches and frames. Values are
-    computed in float64 and rounded once to ``dtype`` (float32 within 2^-24 of
-    the exact values below 2^24 positions per axis), one axis at a time and in
-    chunks, so that the float64 temporaries stay within max(4 MiB, a quarter of
-    the table). ``posenc.conventions.sincos`` holds drop-ins for diffusers'
-    ``get_2d_sincos_pos_embed`` and ``get_3d_sincos_pos_embed``.
+    Tokens are in row-major order over ``shape`` (the last axis fastest), as
+    those libraries flatten their patches and frames. Values are computed in
+    float64, one axis at a time and in chunks (float64 temporaries within
+    max(4 MiB, a quarter of the table)), and rounded once to ``dtype`` (float32
+    within 2^-24 of the exact values below 2^24 positions per axis); drop-ins
+    for diffusers' grid functions are in ``posenc.conventions.sincos``.
 
     Args:
         shape: grid size per axis, e.g. ``(H, W)`` or ``(T, H, W)``: positive ints.
@@ -460,104 +267,58 @@ def sincos_grid(
             split, a shape with the wrong number of axes for the convention,
             positions that overflow, or another argument out of range.
     """
-    sizes = _check_shape(shape)
-    dim = check_count("dim", dim, 1, "768")
-    check_choice("convention", convention, GRID_CONVENTIONS)
-    base = check_real(
-        "base", base, above=1.0, why="the base of the frequencies", example="10000.0"
+    sizes, dim, base, divisors, dtype = check_grid_args(
+        shape, dim, convention, base, interpolation_scale, base_size, dtype, scale
     )
-    divisors = _grid_divisors(sizes, interpolation_scale, base_size, scale)
-    dtype = torch.float32 if dtype is None else check_dtype(dtype)
     tables, pieces = _grid_plan(convention, len(sizes), dim)
     out = torch.empty((*sizes, dim), dtype=dtype, device=device)
-    columns, column = [], 0  # (axis, start, stop, output column) per piece
-    for axis, start, stop in pieces:
-        columns.append((axis, start, stop, column))
-        column += stop - start
-    result_bytes = out.numel() * dtype.itemsize
     for axis, (half, shift) in tables.items():
-        p = torch.arange(sizes[axis], dtype=torch.float64, device=device)
-        if divisors[axis] != 1.0:
-            p = p / divisors[axis]
-        for a, b in _row_ranges(sizes[axis], 2 * half, result_bytes):
-            # rows a:b of this axis's table, rounded once, copied into every
-            # token at those positions without arithmetic
-            rows = _round(_sincos(p[a:b], half, shift, base, False), dtype)
-            target = out.narrow(axis, a, b - a)
-            for ax, start, stop, col in columns:
-                if ax == axis:
-                    view = [1] * len(sizes) + [stop - start]
-                    view[axis] = b - a
-                    piece = rows[:, start:stop].reshape(view)
-                    target[..., col : col + stop - start] = piece
+        i = torch.arange(sizes[axis], dtype=torch.float64, device=device)
+        p = i / divisors[axis]  # the positions along this axis
+        for a, b in _row_ranges(sizes[axis], 2 * half, out.numel() * dtype.itemsize):
+            # rows a:b of this axis's table, rounded once, copied to its tokens
+            block = _round(_sincos(p[a:b], half, shift, base, False), dtype)
+            _place(out.narrow(axis, a, b - a), block, axis, pieces)
     return out.view(-1, dim)
 
 
+# 07_timesteps_and_grids.ipynb, cell 30: Grids
+def _place(target: Tensor, block: Tensor, axis: int, pieces: list) -> None:
+    """Copy ``block``, rows of ``axis``'s table, into the tokens ``target`` at
+    those positions: each piece ``(axis, start, stop, column)`` of that axis,
+    broadcast over the other axes, without arithmetic."""
+    for ax, start, stop, column in pieces:
+        if ax == axis:
+            view = [1] * (target.dim() - 1) + [stop - start]
+            view[axis] = block.shape[0]
+            piece = block[:, start:stop].reshape(view)
+            target[..., column : column + stop - start] = piece
+
+
+# 07_timesteps_and_grids.ipynb, cell 36: A mask as positions
+def _pixel_positions(image: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """DETR's positions of the pixels of ``image`` (bool ``[batch, height,
+    width]``, True on the image): ``(y, x, y_end, x_end)``, int32.
+
+    ``y`` and ``x`` ``[batch, height, width]`` count the image pixels up to and
+    including each pixel, down its column and along its row (1-based); their
+    last values, each column's ``y_end`` ``[batch, width]`` and each row's
+    ``x_end`` ``[batch * height, 1]``, the image pixels of that column or row.
+    """
+    batch, height = image.shape[:2]
+    y = image.cumsum(1, dtype=torch.int32)
+    x = image.cumsum(2, dtype=torch.int32)
+    y_end = image.sum(1, dtype=torch.int32)
+    x_end = image.sum(2, dtype=torch.int32).view(batch * height, 1)
+    return y, x, y_end, x_end
+
+
 # 07_timesteps_and_grids.ipynb, cell 37: A mask as positions
-def _check_masks(mask: object, pixel_mask: object) -> Tensor:
-    """``[batch, height, width]`` bool, True on the image (not padding), from
-    exactly one of DETR's ``mask`` or Hugging Face's ``pixel_mask``."""
-    if (mask is None) == (pixel_mask is None):
-        raise TypeError(
-            "pass exactly one of mask (DETR's: True where padded) and pixel_mask "
-            "(Hugging Face's: 1 where the image is), got "
-            + ("both" if mask is not None else "neither")
-        )
-    name, given = ("mask", mask) if mask is not None else ("pixel_mask", pixel_mask)
-    padding = name == "mask"
-    what = (
-        "mask must be a bool tensor [batch, height, width], True where the image "
-        "is padding (DETR's NestedTensor.mask)"
-        if padding
-        else "pixel_mask must be a tensor [batch, height, width], 1 (or True) "
-        "where the image is and 0 on padding (Hugging Face's pixel_mask)"
-    )
-    fix = (
-        "pass mask.bool() for DETR's mask; for Hugging Face's pixel_mask (1 where "
-        "the image is) pass pixel_mask=pixel_mask (or mask=pixel_mask == 0)"
-        if padding
-        else "for DETR's mask (True where padded) pass mask=mask instead"
-    )
-    if not isinstance(given, Tensor):
-        raise TypeError(f"{what}, got {type(given).__name__}; {fix}")
-    allowed = given.dtype == torch.bool or (
-        not padding and given.dtype in _TIMESTEP_DTYPES
-    )
-    if not allowed:
-        raise TypeError(f"{what}, got dtype {given.dtype}; {fix}")
-    if given.dim() != 3:
-        raise ValueError(
-            f"{what}, got shape {tuple(given.shape)}; add the batch axis with "
-            f"{name}[None]"
-        )
-    image = ~given if padding else given if given.dtype == torch.bool else given != 0
-    if given.numel() and values_checkable(given):
-        _check_polarity(name, given, image, fix)
-    return image
-
-
-def _check_polarity(name: str, given: Tensor, image: Tensor, fix: str) -> None:
-    """DETR and Hugging Face put each image at the top left of its padded
-    canvas: a mask whose top-left pixel is padding while the rest of that
-    image is not, or that pads every pixel, has the other polarity."""
-    if given.dtype != torch.bool and ((given != 0) & (given != 1)).any():
-        raise ValueError(
-            "pixel_mask must hold 0 (padding) and 1 (image) only, got "
-            f"values {torch.unique(given)[:6].tolist()}; pass "
-            "(pixel_mask > 0.5).long() for a soft mask"
-        )
-    flat = image.flatten(1)
-    inverted = (~image[:, 0, 0] & flat.any(1)).nonzero()  # top left padded
-    if len(inverted) or not bool(flat.any()):
-        seen = "no image anywhere" if not len(inverted) else (
-            f"padding at the top-left pixel of batch element {int(inverted[0, 0])}"
-            " and image elsewhere"
-        )  # fmt: skip
-        raise ValueError(
-            f"{name} gives {seen}, but DETR and Hugging Face place each image "
-            f"at the top left of its padding: {name} has the other polarity; "
-            f"{fix}"
-        )
+def _sin_cos_pairs(pos: Tensor, omega: Tensor) -> Tensor:
+    """``[*pos.shape, 2 len(omega)]``: sin(pos ω_i), cos(pos ω_i) interleaved."""
+    theta = pos.unsqueeze(-1) * omega  # [*pos.shape, F / 2]
+    pairs = torch.stack((torch.sin(theta), torch.cos(theta)), dim=-1)
+    return pairs.flatten(-2)  # sin, cos, sin, cos, ...
 
 
 # 07_timesteps_and_grids.ipynb, cell 38: A mask as positions
@@ -593,8 +354,8 @@ def detr_sine_encoding(
     (another device, torch.compile, torch.func) values are not read.
 
     Args:
-        mask: bool ``[batch, height, width]``, True where the image is padding
-            (DETR's ``NestedTensor.mask``).
+        mask: bool ``[batch, height, width]``, True on padding (DETR's
+            ``NestedTensor.mask``).
         num_pos_feats: channels per axis, a positive even int (DETR: d_model / 2).
         pixel_mask: ``[batch, height, width]``, 1 (or True) where the image is,
             0 on padding (Hugging Face's ``pixel_mask``); instead of ``mask``.
@@ -606,8 +367,7 @@ def detr_sine_encoding(
         dtype: floating dtype of the result.
 
     Returns:
-        Tensor ``[batch, 2 num_pos_feats, height, width]`` (channels first, in
-        DETR's memory layout), the y channels first.
+        Tensor ``[batch, 2 num_pos_feats, height, width]``, the y channels first.
 
     Raises:
         TypeError: neither or both masks, a mask of the wrong type or dtype, or
@@ -616,60 +376,30 @@ def detr_sine_encoding(
             ``num_pos_feats`` odd, ``scale`` without ``normalize=True``, or an
             argument out of range.
     """
-    image = _check_masks(mask, pixel_mask)
-    num_pos_feats = check_count("num_pos_feats", num_pos_feats, 2, "128")
-    if num_pos_feats % 2:
-        raise ValueError(
-            "num_pos_feats must be even (channels come in sine-cosine pairs), got "
-            f"{num_pos_feats}; pass e.g. num_pos_feats={num_pos_feats + 1}"
-        )
-    temperature = check_real(
-        "temperature", temperature, above=1.0,
-        why="the base of the frequencies", example="10000",
-    )  # fmt: skip
-    normalize = check_bool("normalize", normalize, "rescale positions per image")
-    if scale is not None and not normalize:
-        raise ValueError(
-            f"scale={scale!r} is used only with normalize=True (as in DETR); pass "
-            "normalize=True, or leave scale=None"
-        )
-    scale = 2 * math.pi if scale is None else scale
-    scale = check_real(
-        "scale", scale, above=0.0, why="the range of normalized positions",
-        example="2 * math.pi",
-    )  # fmt: skip
-    eps = check_real(
-        "eps", eps, above=None, why="added to the normalizer", example="1e-6"
+    image, num_pos_feats, temperature, normalize, scale, eps, dtype = check_detr_args(
+        mask, pixel_mask, num_pos_feats, temperature, normalize, scale, eps, dtype
     )
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0 (added to the normalizer), got {eps}")
-    dtype = torch.float32 if dtype is None else check_dtype(dtype)
     batch, height, width = image.shape
-    # 1-based positions of the image's pixels: [batch, height, width]
-    y = image.cumsum(1, dtype=torch.int32)
-    x = image.cumsum(2, dtype=torch.int32)
+    y, x, y_end, x_end = _pixel_positions(image)
     i = torch.arange(num_pos_feats // 2, dtype=torch.float64, device=image.device)
     # ω_i = temperature^(-2i / num_pos_feats)
     omega = torch.pow(temperature, -2.0 * i / num_pos_feats)
 
-    def rows(start: int, stop: int) -> Tensor:  # [stop - start, width, 2F]
+    def block(start: int, stop: int) -> Tensor:  # [stop - start, width, 2F]
         # the image rows start:stop of the batch, flattened to [batch * height]
-        ys = y.view(-1, width)[start:stop].to(torch.float64)
-        xs = x.view(-1, width)[start:stop].to(torch.float64)
+        ys = y.view(batch * height, width)[start:stop].to(torch.float64)
+        xs = x.view(batch * height, width)[start:stop].to(torch.float64)
         if normalize:
-            # the last value of each column (y) and row (x), + eps; a fully
-            # padded column or row is all 0: divide it by 1, not by 0
+            # divided by the last value + eps; a fully padded column or row
+            # is all 0: divide it by 1, not by 0
             image_of = torch.arange(start, stop, device=image.device) // height
-            y_end = y[:, -1, :][image_of].to(torch.float64) + eps
-            x_end = x.view(-1, width)[start:stop, -1:].to(torch.float64) + eps
-            ys = ys / torch.where(y_end > 0, y_end, 1.0) * scale
-            xs = xs / torch.where(x_end > 0, x_end, 1.0) * scale
-        channels = []
-        for pos in (ys, xs):
-            theta = pos.unsqueeze(-1) * omega  # [rows, width, F / 2]
-            pairs = torch.stack((torch.sin(theta), torch.cos(theta)), dim=-1)
-            channels.append(pairs.flatten(-2))  # sin, cos, sin, cos, ...
-        return torch.cat(channels, dim=-1)
+            y_last = y_end[image_of].to(torch.float64) + eps
+            x_last = x_end[start:stop].to(torch.float64) + eps
+            ys = ys / torch.where(y_last > 0, y_last, 1.0) * scale
+            xs = xs / torch.where(x_last > 0, x_last, 1.0) * scale
+        # the y channels, then the x channels: sin, cos, sin, cos, ...
+        return torch.cat((_sin_cos_pairs(ys, omega), _sin_cos_pairs(xs, omega)), -1)
 
-    pos = _table(batch * height, (width, 2 * num_pos_feats), dtype, image.device, rows)
-    return pos.view(batch, height, width, -1).permute(0, 3, 1, 2)
+    pos = _table(batch * height, (width, 2 * num_pos_feats), dtype, image.device, block)
+    pos = pos.view(batch, height, width, 2 * num_pos_feats)
+    return pos.permute(0, 3, 1, 2)
