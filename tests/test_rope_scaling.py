@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from posenc import RotaryEmbedding, rotary_frequencies
-from posenc.rotary.scaling import _frequencies, _per_axis, _rope_parameters
+from posenc.rotary.scaling import (
+    _attention_factor,
+    _frequencies,
+    _per_axis,
+    _rope_parameters,
+)
 from tests import rotary_peers as peers
 
 LONGROPE = {
@@ -266,3 +271,15 @@ def test_dynamic_frequencies_from_a_tensor_length_match_the_int_path():
         from_int = _frequencies(64, params, n)
         from_tensor = _frequencies(64, params, torch.tensor(n))
         assert torch.allclose(from_tensor, from_int, rtol=4e-16, atol=0)
+
+
+def test_the_attention_factor_chapter_13_quotes():
+    # book/13_rope_scaling.ipynb, claim: "an attention factor, 1.1386 for YaRN at s = 4"; LongRoPE's is above 1 too
+    assert round(_attention_factor({"rope_type": "yarn", "factor": 4.0}), 4) == 1.1386
+    longrope = {
+        "rope_type": "longrope",
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+    }
+    assert _attention_factor(longrope) > 1
+    assert _attention_factor({"rope_type": "linear", "factor": 4.0}) == 1.0

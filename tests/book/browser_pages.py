@@ -67,6 +67,9 @@ COLLECT = r"""async () => {
   for (const m of text.matchAll(pattern)) {
     rawTex.push(text.slice(Math.max(0, m.index - 30), m.index + m[0].length + 30).replace(/\s+/g, ' '));
   }
+  // each formula as MathJax typeset it: its assistive MathML's text ("max_len", or "max\\_len" where TeX's escape
+  // was shown rather than read)
+  const mathText = Array.from(document.querySelectorAll('mjx-assistive-mml')).map(e => e.textContent);
   const unlabelled = Array.from(document.querySelectorAll('div.math')).filter(m => !m.querySelector('.eqno'))
     .map(m => m.textContent.slice(0, 80));
   const article = document.querySelector('article') || document.body;
@@ -81,8 +84,8 @@ COLLECT = r"""async () => {
   // figure, table and code-block captions, as a reader sees them (MathJax output as its text)
   const captions = Array.from(article.querySelectorAll('figcaption, caption, .code-block-caption'))
     .map(c => c.innerText.replace(/\s+/g, ' ').trim());
-  return {codeFont, captions, images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, links,
-          downloads, code,
+  return {codeFont, captions, images, mathCount: maths.length, untypeset, mathErrors, rawTex, unlabelled, mathText,
+          links, downloads, code,
           text: article.innerText, firstParagraph,
           lastHeading: lastSection ? h2s[h2s.length - 1].innerText : '',
           lastSectionText: lastSection ? lastSection.innerText : ''};
