@@ -104,6 +104,7 @@ def _pair(name: str, value: object) -> tuple[int, int]:
     return size, size
 
 
+# 16_sincos_conventions.ipynb, cell 28: diffusers' grid functions, with diffusers' ke...
 def get_2d_sincos_pos_embed(
     embed_dim: int,
     grid_size: int | tuple[int, int],
@@ -154,6 +155,7 @@ def get_2d_sincos_pos_embed(
     return table
 
 
+# 16_sincos_conventions.ipynb, cell 29: diffusers' grid functions, with diffusers' ke...
 def get_3d_sincos_pos_embed(
     embed_dim: int,
     spatial_size: int | tuple[int, int],
@@ -205,7 +207,7 @@ def get_3d_sincos_pos_embed(
     return table.view(frames, height * width, embed_dim)
 
 
-# 16_sincos_conventions.ipynb, cell 40: DETR
+# 16_sincos_conventions.ipynb, cell 42: DETR
 class PositionEmbeddingSine(nn.Module):
     """DETR's ``PositionEmbeddingSine``, holding no state, from a padding mask.
 

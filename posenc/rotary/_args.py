@@ -105,6 +105,7 @@ class _Rope:
             )
 
 
+# 14_rotary_conventions.ipynb, cell 36: The arguments
 def _rope(
     head_dim: int,
     *,
@@ -143,7 +144,7 @@ def _rope(
     return _Rope(params, widths, sections or (), layout)
 
 
-# 14_rotary_conventions.ipynb, cell 37: The arguments
+# 14_rotary_conventions.ipynb, cell 38: The arguments
 def _setting(name: str) -> property:
     """A read-only attribute of ``RotaryEmbedding``: its cached tables follow it."""
 
@@ -157,6 +158,7 @@ def _setting(name: str) -> property:
     return property(lambda module: module._settings[name], refuse, doc=f"``{name}``")
 
 
+# 14_rotary_conventions.ipynb, cell 39: The arguments
 def _check_seq_dim(seq_dim: object) -> int:
     # (a symbolic int while torch.compile traces with dynamic=True)
     if isinstance(seq_dim, (int, torch.SymInt)) and not isinstance(seq_dim, bool):
@@ -171,6 +173,7 @@ def _check_seq_dim(seq_dim: object) -> int:
     )
 
 
+# 14_rotary_conventions.ipynb, cell 40: The arguments
 def _check_positions(positions: object, rope: _Rope) -> Tensor:
     """Integer positions, >= 0 where their values can be read (a CPU tensor
     outside any trace). M-RoPE also takes Hugging Face's ``[batch, seq_len]``, the
@@ -200,6 +203,7 @@ def _check_positions(positions: object, rope: _Rope) -> Tensor:
     return positions
 
 
+# 14_rotary_conventions.ipynb, cell 41: The arguments
 def _check_inputs(
     q: object,
     k: object,
@@ -274,6 +278,7 @@ def _check_inputs(
         )
 
 
+# 14_rotary_conventions.ipynb, cell 42: The arguments
 def _given_tables(
     x: Tensor, cos: object, sin: object, rotary_dim: object, seq_dim: int, **unused: Any
 ) -> tuple[Tensor, Tensor]:
@@ -327,6 +332,7 @@ def _given_tables(
     return cos.to(x.device, dtype), sin.to(x.device, dtype)
 
 
+# 14_rotary_conventions.ipynb, cell 43: The arguments
 def _table_positions(
     positions: object, rope: _Rope, device: Any, batch: int | None = None
 ) -> Tensor:
@@ -357,6 +363,7 @@ def _table_positions(
     return positions.to(device) if device is not None else positions
 
 
+# 14_rotary_conventions.ipynb, cell 44: The arguments
 def _check_offset(offset: object, positions: object, rope: _Rope, name: str) -> int:
     """The position of the first token: an int >= 0, or 0 beside ``positions``."""
     if positions is not None:
@@ -377,6 +384,7 @@ def _check_offset(offset: object, positions: object, rope: _Rope, name: str) -> 
     return offset
 
 
+# 14_rotary_conventions.ipynb, cell 45: The arguments
 def _length(positions: Tensor) -> int | None:
     """The largest position + 1, read on the host (on a GPU a synchronisation, as
     in transformers' dynamic update); None where there are no values (meta)."""
