@@ -254,8 +254,7 @@ def sincos_grid(
             per axis (> 0). ``None``: positions 0, 1, 2, ...
         dtype: floating dtype of the table.
         device: device of the table (default: CPU).
-        scale: a deprecated alias of ``interpolation_scale`` (the same
-            meaning).
+        scale: a deprecated alias of ``interpolation_scale``.
 
     Returns:
         Tensor ``[prod(shape), dim]``.
@@ -354,15 +353,13 @@ def detr_sine_encoding(
     (another device, torch.compile, torch.func) values are not read.
 
     Args:
-        mask: bool ``[batch, height, width]``, True on padding (DETR's
-            ``NestedTensor.mask``).
+        mask: bool ``[batch, height, width]``, True on padding (DETR's mask).
         num_pos_feats: channels per axis, a positive even int (DETR: d_model / 2).
         pixel_mask: ``[batch, height, width]``, 1 (or True) where the image is,
             0 on padding (Hugging Face's ``pixel_mask``); instead of ``mask``.
         temperature: the base of the frequencies, > 1.
         normalize: rescale the positions of each image to end just below scale.
-        scale: the range of the normalized positions, > 0; only with
-            ``normalize=True`` (as DETR). Default 2π.
+        scale: the range of the normalized positions, > 0 (default 2π); needs normalize.
         eps: added to the normalizer, >= 0.
         dtype: floating dtype of the result.
 
