@@ -1,0 +1,74 @@
+"""The newcomer's route through the book, and the size of what any page shows at once, read from the notebooks.
+
+- **The route** is the chapters a newcomer reads in order (``ROUTE``; chapter 00 ends by naming them). On it a
+  visible code cell (one whose source is not behind a "Show code cell source" or "Show code cell content" button)
+  holds at most ``ROUTE_CELL`` = 20 lines. The cells still over it are counted per chapter in ``ROUTE_OVER``: the
+  count may only go down (issue 33 asks for none), so a new long cell on the route fails here.
+- **Anywhere in the book** a visible code cell holds at most ``ANY_CELL`` = 40 lines.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.book.browser_helpers import ROOT
+
+ROUTE = (
+    "00_first_read",
+    "01_derivation",
+    "02_module",
+    "06_rotary",
+    "07_timesteps_and_grids",
+    "08_position_matters",
+)
+ROUTE_CELL = 20
+ANY_CELL = 40
+#: Visible cells over ROUTE_CELL lines that each route chapter still has (the target is 0 everywhere).
+ROUTE_OVER = {
+    "00_first_read": 0,
+    "01_derivation": 1,
+    "02_module": 2,
+    "06_rotary": 3,
+    "07_timesteps_and_grids": 0,
+    "08_position_matters": 0,
+}
+HIDDEN = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
+CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
+
+
+def visible_cells(chapter: str) -> list[tuple[int, int, str]]:
+    """``(index, lines, first line)`` of each code cell whose source the page shows."""
+    nb = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text(encoding="utf-8"))
+    out = []
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] != "code":
+            continue
+        if HIDDEN & set(cell["metadata"].get("tags", [])):
+            continue
+        lines = "".join(cell["source"]).rstrip("\n").split("\n")
+        out.append((index, len(lines), lines[0]))
+    return out
+
+
+def test_the_route_is_chapters_of_the_book() -> None:
+    assert set(ROUTE) <= set(CHAPTERS)
+    assert set(ROUTE_OVER) == set(ROUTE)
+
+
+@pytest.mark.parametrize("chapter", ROUTE)
+def test_route_cells_are_short(chapter: str) -> None:
+    long = [c for c in visible_cells(chapter) if c[1] > ROUTE_CELL]
+    assert len(long) <= ROUTE_OVER[chapter], (
+        f"book/{chapter}.ipynb shows {len(long)} code cells over {ROUTE_CELL} lines on the newcomer route "
+        f"(at most {ROUTE_OVER[chapter]}): {long}; split the cell, or hide plumbing with a hide-input tag"
+    )
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_no_visible_cell_is_over_40_lines(chapter: str) -> None:
+    long = [c for c in visible_cells(chapter) if c[1] > ANY_CELL]
+    assert not long, (
+        f"book/{chapter}.ipynb shows code cells over {ANY_CELL} lines: {long}"
+    )
