@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["ROPE_TYPES", "rotary_frequencies"]
 
-# 13_rope_scaling.ipynb, cell 9: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 10: Reading a `rope_parameters` dict
 
 import ast
 import math
@@ -26,7 +26,7 @@ ROPE_TYPES = (
 )  # fmt: skip
 
 
-# 13_rope_scaling.ipynb, cell 10: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 11: Reading a `rope_parameters` dict
 def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
     """``rotary_dim`` checked against ``head_dim`` (``None`` means all channels)."""
     if rotary_dim is None:
@@ -42,7 +42,7 @@ def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
     return rotary_dim
 
 
-# 13_rope_scaling.ipynb, cell 11: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 12: Reading a `rope_parameters` dict
 #: The keys each rope_type reads (Hugging Face's names), besides the common ones.
 _TYPE_KEYS: dict[str, tuple[str, ...]] = {
     "default": (),
@@ -94,7 +94,7 @@ _ADD_LENGTH = (
 )
 
 
-# 13_rope_scaling.ipynb, cell 12: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 13: Reading a `rope_parameters` dict
 def _param_int(params: dict[str, Any], key: str, rope_type: str) -> int:
     """``params[key]`` (a context length) as a positive int."""
     if key == "max_position_embeddings" and key not in params:
@@ -114,7 +114,7 @@ def _param_int(params: dict[str, Any], key: str, rope_type: str) -> int:
     return int(value)
 
 
-# 13_rope_scaling.ipynb, cell 13: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 14: Reading a `rope_parameters` dict
 def _param_list(params: dict[str, Any], key: str, *, ints: bool) -> list:
     value = params[key]
     kind = (numbers.Integral,) if ints else (numbers.Real,)
@@ -129,7 +129,7 @@ def _param_list(params: dict[str, Any], key: str, *, ints: bool) -> list:
     return [int(v) if ints else float(v) for v in value]
 
 
-# 13_rope_scaling.ipynb, cell 14: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 15: Reading a `rope_parameters` dict
 def _per_layer_type(scaling: Mapping) -> bool:
     """Whether ``scaling`` holds one dict per layer type (Gemma 3 and 4, Olmo 3):
     every value a dict (or None, a layer type without rotary embeddings)."""
@@ -138,7 +138,7 @@ def _per_layer_type(scaling: Mapping) -> bool:
     )
 
 
-# 13_rope_scaling.ipynb, cell 15: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 16: Reading a `rope_parameters` dict
 def _select_layer_type(scaling: Mapping, layer_type: object) -> Mapping:
     """The parameters of ``layer_type`` from a per-layer-type dict, checked."""
     types = sorted(map(str, scaling))
@@ -158,7 +158,7 @@ def _select_layer_type(scaling: Mapping, layer_type: object) -> Mapping:
     return chosen
 
 
-# 13_rope_scaling.ipynb, cell 16: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 17: Reading a `rope_parameters` dict
 def _rope_parameters(
     scaling: object, base: object, layer_type: object = None
 ) -> dict[str, Any]:
@@ -309,7 +309,7 @@ def _rope_parameters(
     return params
 
 
-# 13_rope_scaling.ipynb, cell 17: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 18: Reading a `rope_parameters` dict
 def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     """The number of rotated channels: ``rotary_dim``, or ``int(head_dim *
     partial_rotary_factor)`` as transformers computes it, or ``head_dim`` (and
@@ -327,7 +327,7 @@ def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) ->
     return width
 
 
-# 13_rope_scaling.ipynb, cell 18: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 19: Reading a `rope_parameters` dict
 def _width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     factor = params.get("partial_rotary_factor")
     if params["rope_type"] == "proportional":
@@ -357,7 +357,7 @@ def _width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     return from_factor
 
 
-# 13_rope_scaling.ipynb, cell 19: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 20: Reading a `rope_parameters` dict
 def _frequencies(
     dim: int, params: dict[str, Any], seq_len: int | Tensor | None
 ) -> Tensor:
@@ -407,7 +407,7 @@ def _frequencies(
     return omega
 
 
-# 13_rope_scaling.ipynb, cell 20: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 21: Reading a `rope_parameters` dict
 def _ntk_base(params: dict[str, Any], dim: int, n: Any) -> Any:
     """Dynamic NTK's base for a sequence of n >= L tokens (an int, or a float64
     tensor): base·(s·n/L − (s − 1))^(d/(d − 2))."""
@@ -415,7 +415,7 @@ def _ntk_base(params: dict[str, Any], dim: int, n: Any) -> Any:
     return params["rope_theta"] * ((s * n / length) - (s - 1)) ** (dim / (dim - 2))
 
 
-# 13_rope_scaling.ipynb, cell 21: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 22: Reading a `rope_parameters` dict
 def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tensor:
     """YaRN: pairs that turn more than beta_fast times over the original context
     keep ω_i, those that turn fewer than beta_slow times take ω_i / s, a linear
@@ -436,7 +436,7 @@ def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tenso
     return omega / s * ramp + omega * (1 - ramp)
 
 
-# 13_rope_scaling.ipynb, cell 22: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 23: Reading a `rope_parameters` dict
 def _llama3(omega: Tensor, params: dict[str, Any]) -> Tensor:
     """Llama 3.1: wavelengths above L / low_freq_factor slowed by s, below
     L / high_freq_factor kept, blended in between (L = the original context)."""
@@ -450,7 +450,7 @@ def _llama3(omega: Tensor, params: dict[str, Any]) -> Tensor:
     return torch.where(medium, blended, slowed)
 
 
-# 13_rope_scaling.ipynb, cell 23: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 24: Reading a `rope_parameters` dict
 def _attention_factor(params: dict[str, Any]) -> float:
     """The factor transformers multiplies cos and sin by (YaRN, LongRoPE), as a
     Python float computed by the same expression: 1.0 for the other types."""
@@ -473,7 +473,7 @@ def _attention_factor(params: dict[str, Any]) -> float:
     return mscale(s)
 
 
-# 13_rope_scaling.ipynb, cell 24: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 25: Reading a `rope_parameters` dict
 def rotary_frequencies(
     head_dim: int,
     *,
@@ -550,7 +550,7 @@ def rotary_frequencies(
     return _frequencies(dim, params, seq_len), _attention_factor(params)
 
 
-# 13_rope_scaling.ipynb, cell 25: Reading a `rope_parameters` dict
+# 13_rope_scaling.ipynb, cell 26: Reading a `rope_parameters` dict
 def _frozen(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """``params`` as a sorted tuple of items (lists as tuples): hashable, and a
     constant for torch.compile."""

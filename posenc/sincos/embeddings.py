@@ -44,7 +44,7 @@ def _sincos(p: Tensor, half: int, shift: float, base: float, cos_first: bool) ->
     return torch.cat((cos, sin) if cos_first else (sin, cos), dim=-1)
 
 
-# 07_timesteps_and_grids.ipynb, cell 14: Time steps
+# 07_timesteps_and_grids.ipynb, cell 23: Rounded once, in chunks
 def _round(x: Tensor, dtype: torch.dtype) -> Tensor:
     """Float64 ``x`` rounded once to ``dtype``; its derivative passes unrounded.
 
@@ -63,7 +63,7 @@ def _round(x: Tensor, dtype: torch.dtype) -> Tensor:
     return _round_once(x.detach(), dtype) + (x - x.detach()).to(dtype)
 
 
-# 07_timesteps_and_grids.ipynb, cell 16: Time steps
+# 07_timesteps_and_grids.ipynb, cell 25: Rounded once, in chunks
 def _table(
     n_rows: int,
     row_shape: tuple[int, ...],
@@ -84,7 +84,7 @@ def _table(
     return out
 
 
-# 07_timesteps_and_grids.ipynb, cell 18: Time steps
+# 07_timesteps_and_grids.ipynb, cell 27: Rounded once, in chunks
 def timestep_embedding(
     timesteps: Tensor,
     dim: int,
@@ -162,7 +162,7 @@ def timestep_embedding(
     return emb.expand(n, dim).contiguous() if expanded else emb
 
 
-# 07_timesteps_and_grids.ipynb, cell 28: Grids
+# 07_timesteps_and_grids.ipynb, cell 33: The grid libraries' channel layouts
 #: ``sincos_grid`` conventions: how the channels of a grid are shared among its axes.
 GRID_CONVENTIONS = tuple(_GRID_AXES)
 
@@ -199,7 +199,7 @@ def _grid_plan(
     return tables, [(*piece, c) for piece, c in zip(pieces, columns)]
 
 
-# 07_timesteps_and_grids.ipynb, cell 29: Grids
+# 07_timesteps_and_grids.ipynb, cell 34: The grid libraries' channel layouts
 def sincos_grid(
     shape: Sequence[int],
     dim: int,
@@ -281,7 +281,7 @@ def sincos_grid(
     return out.view(-1, dim)
 
 
-# 07_timesteps_and_grids.ipynb, cell 30: Grids
+# 07_timesteps_and_grids.ipynb, cell 35: The grid libraries' channel layouts
 def _place(target: Tensor, block: Tensor, axis: int, pieces: list) -> None:
     """Copy ``block``, rows of ``axis``'s table, into the tokens ``target`` at
     those positions: each piece ``(axis, start, stop, column)`` of that axis,
@@ -294,7 +294,7 @@ def _place(target: Tensor, block: Tensor, axis: int, pieces: list) -> None:
             target[..., column : column + stop - start] = piece
 
 
-# 07_timesteps_and_grids.ipynb, cell 36: A mask as positions
+# 07_timesteps_and_grids.ipynb, cell 37: Two polarities of a mask
 def _pixel_positions(image: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """DETR's positions of the pixels of ``image`` (bool ``[batch, height,
     width]``, True on the image): ``(y, x, y_end, x_end)``, int32.
@@ -312,7 +312,7 @@ def _pixel_positions(image: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return y, x, y_end, x_end
 
 
-# 07_timesteps_and_grids.ipynb, cell 37: A mask as positions
+# 07_timesteps_and_grids.ipynb, cell 38: Two polarities of a mask
 def _sin_cos_pairs(pos: Tensor, omega: Tensor) -> Tensor:
     """``[*pos.shape, 2 len(omega)]``: sin(pos ω_i), cos(pos ω_i) interleaved."""
     theta = pos.unsqueeze(-1) * omega  # [*pos.shape, F / 2]
@@ -320,7 +320,7 @@ def _sin_cos_pairs(pos: Tensor, omega: Tensor) -> Tensor:
     return pairs.flatten(-2)  # sin, cos, sin, cos, ...
 
 
-# 07_timesteps_and_grids.ipynb, cell 38: A mask as positions
+# 07_timesteps_and_grids.ipynb, cell 39: Two polarities of a mask
 def detr_sine_encoding(
     mask: Tensor | None = None,
     num_pos_feats: int = 64,
