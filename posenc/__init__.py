@@ -9,6 +9,7 @@ values at positions below 2^24.
     RotaryEmbedding         rotary position embeddings for queries and keys, with Hugging Face's rope scaling
                             types; RotaryEmbedding.from_hf_config(config) for a checkpoint's layout
     HFRotaryEmbedding       a drop-in for a transformers model's rotary_emb module, read from its config
+    swap_rotary             swap_rotary(model): every rotary module of a transformers model replaced by posenc's
     timestep_embedding      diffusion time-step embeddings (diffusers' get_timestep_embedding keywords)
     sincos_grid             2-D and 3-D sin-cos tables for image patches and video (MAE, timm, ...)
 
@@ -42,7 +43,12 @@ from posenc.sinusoidal import (
 )
 
 # isort: split
-from posenc.conventions import HFRotaryEmbedding, PositionEmbeddingSine, Timesteps
+from posenc.conventions import (
+    HFRotaryEmbedding,
+    PositionEmbeddingSine,
+    Timesteps,
+    swap_rotary,
+)
 
 __all__ = [
     "GRID_CONVENTIONS",
@@ -61,6 +67,7 @@ __all__ = [
     "rotary_frequencies",
     "sincos_grid",
     "sinusoidal_encoding",
+    "swap_rotary",
     "timestep_embedding",
 ]
 __version__ = "0.1.0"

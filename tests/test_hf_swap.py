@@ -490,3 +490,128 @@ def test_posenc_exports_the_module():
         posenc.HFRotaryEmbedding is HFRotaryEmbedding
         and "HFRotaryEmbedding" in posenc.__all__
     )
+
+
+# Deployment of dynamic NTK: an export would forget its state; vmap must leave none behind
+
+
+def _dynamic():
+    return HFRotaryEmbedding(
+        F.tiny_model(family_index("qwen3")).config
+    )  # max_position_embeddings 16
+
+
+def test_dynamic_is_refused_by_torch_export_naming_posenc_and_what_works():
+    ours = _dynamic()
+    ours(
+        torch.zeros(1), torch.arange(40)[None]
+    )  # grown past 16: the state an export would drop
+
+    class Tables(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rotary = ours
+
+        def forward(self, x, ids):
+            return self.rotary(x, ids)
+
+    for strict in (True, False):
+        with pytest.raises(
+            Exception, match=r"posenc.HFRotaryEmbedding.*'dynamic'.*static rope_type"
+        ):
+            torch.export.export(
+                Tables(), (torch.zeros(1), torch.arange(20)[None]), strict=strict
+            )
+    # eager keeps working, with its state
+    eager = _dynamic()
+    for length in (40, 20):
+        expected = eager(torch.zeros(1), torch.arange(length)[None])[0]
+        assert torch.equal(
+            ours(torch.zeros(1), torch.arange(length)[None])[0], expected
+        )
+
+
+def test_dynamic_keeps_no_state_from_inside_vmap():
+    ours, plain = _dynamic(), _dynamic()
+    ids = torch.arange(40)[None].expand(3, -1)[
+        :, None
+    ]  # [3, 1, 40]: a batch of position sets
+    per_sample = torch.func.vmap(lambda p: ours(torch.zeros(1), p)[0])(ids)
+    assert torch.equal(per_sample[0], plain(torch.zeros(1), torch.arange(40)[None])[0])
+    # a later plain call uses a real tensor as its state ("tensor may have escaped" before)
+    after = ours(torch.zeros(1), torch.arange(40)[None])[0]
+    assert torch.equal(after, plain(torch.zeros(1), torch.arange(40)[None])[0])
+
+
+# posenc.swap_rotary: every rotary module of a model, found by what it is
+
+
+def test_swap_rotary_replaces_every_rotary_module_and_keeps_the_outputs():
+    index = family_index("llama")
+    model = F.tiny_model(index)
+    inputs = F.prompt(F.FAMILIES[index])
+    with torch.no_grad():
+        before = model(**inputs).logits
+    assert posenc.swap_rotary(model) == {"model.rotary_emb": "LlamaRotaryEmbedding"}
+    assert isinstance(model.model.rotary_emb, HFRotaryEmbedding)
+    with torch.no_grad():
+        after = model(**inputs).logits
+    assert (after - before).abs().max() <= bound(before)
+    assert (
+        "swap_rotary" in posenc.__all__
+        and posenc.conventions.swap_rotary is posenc.swap_rotary
+    )
+
+
+def test_swap_rotary_reaches_an_encoder_and_a_decoder():
+    from tests.census import builder
+
+    model = builder.tiny_model("t5gemma")
+    replaced = posenc.swap_rotary(model)
+    assert set(replaced) == {"model.encoder.rotary_emb", "model.decoder.rotary_emb"}
+    assert all(isinstance(model.get_submodule(p), HFRotaryEmbedding) for p in replaced)
+
+
+def test_swap_rotary_refuses_naming_the_module_and_leaves_the_model_untouched():
+    import transformers
+
+    model = transformers.NanoChatForCausalLM(transformers.NanoChatConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=1, vocab_size=64))  # fmt: skip
+    own = model.model.rotary_emb
+    config = copy.deepcopy(own.config)
+    own.config = config
+    config.rope_parameters = dict(config.rope_parameters, rope_type="no-such-type")
+    with pytest.raises(
+        ValueError,
+        match=r"posenc.swap_rotary: model.rotary_emb \(NanoChatRotaryEmbedding\)",
+    ):
+        posenc.swap_rotary(model)
+    assert model.model.rotary_emb is own
+    with pytest.raises(
+        ValueError, match=r"posenc.swap_rotary: GPTJForCausalLM holds no rotary module"
+    ):
+        posenc.swap_rotary(
+            transformers.GPTJForCausalLM(
+                transformers.GPTJConfig(n_layer=1, n_embd=64, n_head=4)
+            )
+        )
+
+
+def test_a_module_with_two_position_axes_and_no_mrope_section_reads_both():
+    # NeoMME's model feeds its rotary module [2, batch, seq_len] (interleaved rows and columns), its config names
+    # no mrope_section: the axes are read from the module
+    from tests.census import builder
+
+    model = builder.tiny_model("neomme")
+    theirs = model.model.rotary_emb
+    ours = posenc.swap_rotary(model) and model.model.rotary_emb
+    ids = torch.stack([torch.arange(7), torch.arange(7).flip(0)])[
+        :, None
+    ]  # [2, 1, 7], distinct per axis
+    for layer_type in ours.layer_types:
+        assert ours._layouts[layer_type].axes == 2
+        for a, b in zip(
+            ours(torch.zeros(1), ids, layer_type),
+            theirs(torch.zeros(1), ids, layer_type),
+        ):
+            assert a.shape == b.shape and (a - b).abs().max() <= 2**-20

@@ -4,7 +4,11 @@ diffusers', timm's and DETR's sin-cos modules and functions). Nothing in the cor
 Written by hand (the modules beside it are generated from book/15 and 16): the public names they add.
 """
 
-from posenc.conventions.hf import HFRotaryEmbedding, rotary_embedding_from_config
+from posenc.conventions.hf import (
+    HFRotaryEmbedding,
+    rotary_embedding_from_config,
+    swap_rotary,
+)
 from posenc.conventions.sincos import (
     PositionEmbeddingSine,
     Timesteps,
@@ -19,4 +23,5 @@ __all__ = [
     "get_2d_sincos_pos_embed",
     "get_3d_sincos_pos_embed",
     "rotary_embedding_from_config",
+    "swap_rotary",
 ]

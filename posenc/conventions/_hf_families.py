@@ -184,6 +184,23 @@ def _call(
         ) from error
 
 
+def _axes_taken(family: _Family, hf_module: nn.Module, layer_type: str | None) -> int:
+    """The position axes of a module whose config names no ``mrope_section``: 1, or
+    k where it takes position_ids ``[k, batch, seq_len]`` to one table (NeoMME's
+    two interleaved axes, which its model always feeds as ``[2, batch, seq_len]``)."""
+    x = torch.zeros(1, dtype=torch.float64)
+    for k in (3, 2):
+        ids = torch.arange(1, 2 * k + 1).reshape(k, 1, 2)
+        try:
+            out = _call(family, hf_module, x, ids, layer_type)
+        except ValueError:  # transformers' module refuses [k, batch, seq_len]
+            continue
+        table = out if isinstance(out, Tensor) else out[0]
+        if isinstance(table, Tensor) and tuple(table.shape[:2]) == (1, 2):
+            return k
+    return 1
+
+
 def _read_layout(
     family: _Family, hf_module: nn.Module, layer_type: str | None
 ) -> _Layout:
@@ -221,7 +238,9 @@ def _read_layout(
             f"{name} multiplies its tables by {hf_attention}, the config as posenc "
             f"reads it by {attention}: posenc cannot reproduce them"
         )
-    axes = len(params.get("mrope_section") or ()) or 1
+    axes = len(params.get("mrope_section") or ()) or _axes_taken(
+        family, hf_module, layer_type
+    )
     high = min(1024, params.get("original_max_position_embeddings", 1024),
                params.get("max_position_embeddings", 1024))  # fmt: skip
     count = min(16, high - 1)
@@ -294,7 +313,7 @@ def _read_layout(
     )  # fmt: skip
 
 
-# 15_hugging_face.ipynb, cell 16: The layout of q and k: `RotaryEmbedding.from_hf_con...
+# 15_hugging_face.ipynb, cell 20: The layout of q and k: `RotaryEmbedding.from_hf_con...
 def _config_flag(test: ast.expr, config: Any) -> bool | None:
     """The value of an ``if`` on a config flag (``self.config.rope_interleave``,
     ``not config.x``), or None for any other test."""

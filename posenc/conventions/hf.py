@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
-__all__ = ["HFRotaryEmbedding", "rotary_embedding_from_config"]
+__all__ = ["HFRotaryEmbedding", "rotary_embedding_from_config", "swap_rotary"]
 
 # 15_hugging_face.ipynb, cell 11: The module
 
 import contextlib
+import inspect
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_computable, check_integer_tensor
+from posenc._tables import is_exporting, storable
 from posenc.conventions._hf_families import (
     _Family,
     _family,
@@ -250,6 +253,13 @@ class HFRotaryEmbedding(nn.Module):
             return torch.where(ids.max() + 1 > original, long, rows)
         if rope_type != "dynamic":
             return rows
+        if is_exporting():  # the exported program would forget the state
+            raise NotImplementedError(
+                "posenc.HFRotaryEmbedding with rope_type='dynamic' cannot be exported "
+                "by torch.export: its tables depend on the calls before, a state "
+                "that an exported program forgets; export a static rope_type "
+                "(e.g. 'yarn', 'default') or run the module eagerly or compiled"
+            )
         # transformers' dynamic_frequency_update, on the device: grow to the
         # sequence, or fall back to the original length below it
         seq_len, original = ids.max() + 1, layout.params["max_position_embeddings"]
@@ -258,7 +268,8 @@ class HFRotaryEmbedding(nn.Module):
             kept = self._kept[layer_type].to(ids.device)
             reset = (seq_len < original) & (kept > original)
             kept = torch.where(reset, original, torch.maximum(kept, seq_len))
-            self._kept[layer_type] = kept
+            if compiling or storable(ids):  # never a tensor of a trace or of vmap
+                self._kept[layer_type] = kept
         omega = _frequencies(2 * layout.pairs, layout.params, kept)  # [P]
         # placed in the slots by a 0/1 matrix: exact, and no index tensor to copy
         return (omega @ self._place[layer_type].flatten(1)).view_as(rows)
@@ -288,7 +299,131 @@ def _arrange(table: Tensor, layout: _Layout) -> Tensor:
     return table.index_select(-1, layout.gather)
 
 
-# 15_hugging_face.ipynb, cell 17: The layout of q and k: `RotaryEmbedding.from_hf_con...
+# 15_hugging_face.ipynb, cell 16: Every rotary module of a model: `posenc.swap_rotary`
+def _not_replaceable(module: nn.Module) -> str | None:
+    """None for a rotary module ``swap_rotary`` replaces; why not for another rotary
+    module of transformers; "" for a module that is none."""
+    cls = type(module)
+    if not cls.__module__.startswith("transformers.models."):
+        return ""
+    names = [n for n, _ in module.named_buffers(recurse=False)] + list(vars(module))
+    holds = any(n == "inv_freq" or n.endswith("_inv_freq") for n in names)
+    named = any(w in cls.__name__ for w in ("Rotary", "Rope", "RoPE"))
+    if not (holds or named):
+        return ""
+    if "config" not in inspect.signature(cls.__init__).parameters:
+        return "its __init__ takes no config"
+    if not holds:
+        return "it holds no inv_freq"
+    given = list(inspect.signature(cls.forward).parameters.values())[1:]
+    extra = [
+        p.name
+        for p in given[2:]
+        if p.default is inspect.Parameter.empty and p.name != "layer_type"
+    ]
+    if len(given) < 2 or given[1].name != "position_ids" or extra:
+        called = ", ".join(p.name for p in given)
+        return f"it is called as forward({called}), not (x, position_ids)"
+    if getattr(module, "rope_type", None) == "axial":  # (a vision tower's grid)
+        return (
+            "its rope_type 'axial' (rows and columns of a grid) is not one of posenc's"
+        )
+    return None
+
+
+def _config_of(model: nn.Module, path: str, module: nn.Module) -> Any:
+    """The module's own config, else that of the nearest enclosing module with one."""
+    own = getattr(module, "config", None)
+    if hasattr(own, "model_type"):
+        return own
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        config = getattr(model.get_submodule(".".join(parts[:cut])), "config", None)
+        if hasattr(config, "model_type"):
+            return config
+    raise ValueError("neither it nor a module around it has a config")
+
+
+def _posenc_rotary(module: nn.Module, config: Any) -> HFRotaryEmbedding:
+    """posenc's module for transformers' ``module``, built from ``config``."""
+    if not (hasattr(config, "to_dict") and hasattr(config, "model_type")):
+        raise TypeError(
+            f"its config is a {type(config).__name__}, not a transformers config"
+        )
+    cls = type(module)
+    family = _Family(
+        config.model_type or cls.__name__, config, sys.modules[cls.__module__],
+        cls, cls, {},
+    )  # fmt: skip
+    return HFRotaryEmbedding._of(family)
+
+
+# 15_hugging_face.ipynb, cell 17: Every rotary module of a model: `posenc.swap_rotary`
+def swap_rotary(model: nn.Module) -> dict[str, str]:
+    """Replace every rotary module of a transformers model with posenc's.
+
+    ``posenc.swap_rotary(model)``: each module whose class is defined in a
+    transformers modeling module, built from a config, holding ``inv_freq`` (or
+    ``<layer_type>_inv_freq``), and called as ``forward(x, position_ids[,
+    layer_type])``, wherever it sits (text model, encoder, decoder, each layer), is
+    replaced by :class:`HFRotaryEmbedding` set up from its own config (else the
+    enclosing model's). Other rotary modules of transformers (vision towers' called
+    with ``(seqlen)`` or a grid) are kept, and named with the reason in a warning.
+
+    Args:
+        model: a transformers model (``nn.Module``), changed in place.
+
+    Returns:
+        The paths replaced (``named_modules`` names, a shared module under each of
+        its names), each with the class of the module it replaced.
+
+    Raises:
+        ValueError, TypeError, NotImplementedError: a module posenc cannot
+            reproduce, or none to replace; the message names the module and the
+            reason. Nothing is replaced then.
+    """
+    return _swap_rotary(model, _posenc_rotary)
+
+
+def _swap_rotary(
+    model: nn.Module, make: Callable[[nn.Module, Any], nn.Module]
+) -> dict[str, str]:
+    """``swap_rotary`` with the replacement built by ``make(module, config)``."""
+    found, kept, built = [], [], {}
+    for path, module in model.named_modules(remove_duplicate=False):
+        reason = _not_replaceable(module)
+        if reason is None and path:
+            found.append((path, module))
+        elif reason:
+            kept.append(f"{path or 'the model'} ({type(module).__name__}): {reason}")
+    if not found:
+        raise ValueError(
+            f"posenc.swap_rotary: {type(model).__name__} holds no rotary module "
+            "called as forward(x, position_ids) with an inv_freq buffer"
+            + (f" ({'; '.join(kept)})" if kept else "")
+            + "; for attention of your own, RotaryEmbedding.from_hf_config(config)"
+        )
+    for path, module in found:
+        if id(module) in built:
+            continue
+        try:
+            built[id(module)] = make(module, _config_of(model, path, module))
+        except (ValueError, TypeError, NotImplementedError) as error:
+            raise type(error)(
+                f"posenc.swap_rotary: {path} ({type(module).__name__}): {error}"
+            ) from error
+    for path, module in found:
+        parent, _, name = path.rpartition(".")
+        setattr(model.get_submodule(parent), name, built[id(module)])
+    if kept:
+        warnings.warn(
+            "posenc.swap_rotary keeps transformers' own " + "; ".join(kept),
+            stacklevel=2,
+        )
+    return {path: type(module).__name__ for path, module in found}
+
+
+# 15_hugging_face.ipynb, cell 21: The layout of q and k: `RotaryEmbedding.from_hf_con...
 def rotary_embedding_from_config(
     config: Any, *, layer_type: str | None = None, **kwargs: Any
 ) -> RotaryEmbedding:
@@ -400,7 +535,7 @@ def rotary_embedding_from_config(
     )
 
 
-# 15_hugging_face.ipynb, cell 18: The layout of q and k: `RotaryEmbedding.from_hf_con...
+# 15_hugging_face.ipynb, cell 22: The layout of q and k: `RotaryEmbedding.from_hf_con...
 def _from_hf_config(cls: type, config: Any, **kwargs: Any) -> RotaryEmbedding:
     """A module for a transformers checkpoint: head_dim, rotated channels, base,
     scaling and its q/k layout, from ``config`` and the installed transformers
