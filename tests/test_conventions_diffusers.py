@@ -106,6 +106,9 @@ class Family:
     replacement: str
     measure: Callable[[], dict[str, float]]
     library_float32: bool = False  # the library forms its angles in float32
+    model_run: bool = (
+        True  # False: "model" is the module's layout check (HiDream) or 0 (a function)
+    )
 
 
 def _flux() -> dict[str, float]:
@@ -392,6 +395,7 @@ FAMILIES = [
         "as Flux, held as per-pair matrices [[cos, -sin], [sin, cos]]: [batch, seq, 1, pairs, 2, 2]",
         "posenc.conventions.diffusers.swap_rotary_diffusers(pipe.transformer)",
         _hidream,
+        model_run=False,
     ),
     Family(
         "CogVideoX",
@@ -400,6 +404,7 @@ FAMILIES = [
         "from posenc.conventions.diffusers import get_3d_rotary_pos_embed",
         _cogvideox,
         True,
+        model_run=False,
     ),
     Family(
         "timm EVA / ViT rope",
