@@ -615,3 +615,59 @@ def test_a_module_with_two_position_axes_and_no_mrope_section_reads_both():
             theirs(torch.zeros(1), ids, layer_type),
         ):
             assert a.shape == b.shape and (a - b).abs().max() <= 2**-20
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_a_config_holding_rope_theta_itself_gives_its_base():
+    # ESM keeps rope_theta beside its keys (no rope_parameters): a base other than 10000 must be read
+    import transformers
+
+    config = transformers.EsmConfig(
+        vocab_size=33, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96,
+        position_embedding_type="rotary", rope_theta=5e5, initializer_range=0.2, pad_token_id=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.EsmForMaskedLM(config).eval()
+    ids = torch.randint(4, 30, (2, 12), generator=torch.Generator().manual_seed(0))
+    before = _logits(model, ids)
+    assert posenc.swap_rotary(model) == {"esm.rotary_embeddings": "EsmRotaryEmbedding"}
+    assert (_logits(model, ids) - before).abs().max() <= bound(before)
+
+
+def test_per_layer_type_tables_only_for_the_types_the_module_builds():
+    # LFM3's module builds <type>_inv_freq only for the types among config.layer_types: two tiny layers, a
+    # convolution and a full-attention one, leave its rope_parameters' sliding_attention without tables
+    from tests.census import builder
+
+    model = builder.tiny_model("lfm3")
+    assert "sliding_attention" not in model.config.layer_types
+    assert "sliding_attention" in model.config.rope_parameters
+    ids = builder.inputs(model)["input_ids"]
+    before = _logits(model, ids)
+    posenc.swap_rotary(model)
+    assert model.model.rotary_emb.layer_types == ["full_attention"]
+    assert (_logits(model, ids) - before).abs().max() <= bound(before)
+
+
+def test_mrope_sections_with_a_zero_axis():
+    # GLM-4V-MoE's mrope_section [0, 2, 2]: no pair turns with time, two with height and two with width
+    import transformers
+    from transformers.models.glm4v_moe import modeling_glm4v_moe as glm
+
+    from tests.census import builder
+
+    params = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5,
+              "mrope_section": [0, 2, 2]}  # fmt: skip
+    cls = transformers.Glm4vMoeTextConfig
+    config = cls(**{**builder.tiny_kwargs(cls), "rope_parameters": params})
+    theirs, ours = glm.Glm4vMoeTextRotaryEmbedding(config), HFRotaryEmbedding(config)
+    ids = torch.stack([torch.arange(9), torch.arange(9) * 3, torch.arange(9).flip(0)])
+    ids = ids[:, None]  # [3, 1, 9], a different position on every axis
+    layout = ours._layouts[None]
+    assert layout.axes == 3 and set(layout.axis.tolist()) == {1, 2}
+    for a, b in zip(ours(torch.zeros(1), ids), theirs(torch.zeros(1), ids)):
+        assert a.shape == b.shape and (a - b).abs().max() <= 2**-20

@@ -156,8 +156,12 @@ class _Layout:
 def _hf_parameters(family: _Family, layer_type: str | None) -> tuple[dict, list]:
     """The family's ``rope_parameters`` (of ``layer_type``), with the config's
     ``max_position_embeddings`` that transformers reads outside the dict, and the
-    keys that posenc does not read."""
+    keys that posenc does not read. A config without ``rope_parameters`` that
+    holds ``rope_theta`` itself (ESM) gives that base."""
     given = copy.deepcopy(dict(getattr(family.config, "rope_parameters", None) or {}))
+    base = getattr(family.config, "rope_theta", None)
+    if not given and isinstance(base, (int, float)) and not isinstance(base, bool):
+        given = {"rope_theta": base}
     if layer_type is not None:
         given = dict(given.get(layer_type) or {})
     dropped = sorted(set(given) - _KNOWN_KEYS)
@@ -201,6 +205,21 @@ def _axes_taken(family: _Family, hf_module: nn.Module, layer_type: str | None) -
     return 1
 
 
+def _sections(sections: Any, name: str) -> list[int]:
+    """M-RoPE sections (pairs per position axis) as ints >= 0, one positive."""
+    if not (
+        isinstance(sections, (list, tuple))
+        and all(isinstance(s, int) and not isinstance(s, bool) for s in sections)
+        and all(s >= 0 for s in sections)
+        and any(sections)
+    ):
+        raise ValueError(
+            f"{name}'s mrope_section must be a list of ints >= 0 (pairs per "
+            f"position axis), one at least positive, got {sections!r}"
+        )
+    return list(sections)
+
+
 def _read_layout(
     family: _Family, hf_module: nn.Module, layer_type: str | None
 ) -> _Layout:
@@ -215,7 +234,12 @@ def _read_layout(
         sections = sections.get(layer_type)
     if sections and "mrope_section" not in params:
         params["mrope_section"] = list(sections)  # the module's own default
+    # M-RoPE sections may hold a zero (GLM-4V-MoE's [0, 2, 2]: no pair turns with
+    # time): read apart, as ints >= 0, one at least positive
+    sections = params.pop("mrope_section", None)
     params = _rope_parameters(params, None)
+    if sections is not None:
+        params["mrope_section"] = _sections(sections, name)
     prefix = f"{layer_type}_" if layer_type is not None else ""
     inv_freq = getattr(hf_module, f"{prefix}inv_freq", None)
     if not isinstance(inv_freq, Tensor) or inv_freq.dim() != 1:

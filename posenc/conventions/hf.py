@@ -94,8 +94,6 @@ class HFRotaryEmbedding(nn.Module):
         params = getattr(family.config, "rope_parameters", None) or {}
         nested = getattr(family.config, "nested_rope_parameter_keys", None)
         keys = nested(params) if callable(nested) else []
-        #: the layer types with their own parameters (forward's layer_type), or [None]
-        self.layer_types = sorted(k for k in keys if params[k] is not None) or [None]
         try:
             hf_module = family.rotary(config=family.config)
         except Exception as error:  # transformers' own failure
@@ -103,6 +101,12 @@ class HFRotaryEmbedding(nn.Module):
                 f"transformers' {family.rotary.__name__} cannot be built from this "
                 f"config ({type(error).__name__}: {error})"
             ) from error
+        # the layer types with their own parameters that the module holds tables
+        # for (LFM3 builds only those among config.layer_types)
+        typed = [k for k in keys if params[k] is not None]
+        held = [k for k in typed if hasattr(hf_module, f"{k}_inv_freq")]
+        #: the layer types with their own parameters (forward's layer_type), or [None]
+        self.layer_types = sorted(held or typed) or [None]
         self._layouts = {
             t: _read_layout(family, hf_module, t) for t in self.layer_types
         }

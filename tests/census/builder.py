@@ -18,29 +18,22 @@ from typing import Any
 
 import torch
 
+from tests import hf_families
+
 VOCAB = 128
-#: the sizes every tiny config gets, where the config class declares the key
+#: the sizes every tiny config gets, where the config class declares the key: tests/hf_families.py's, and the
+#: names other families give the same sizes
 TINY: dict[str, Any] = {
+    **hf_families.TINY,
     "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
     "num_layers": 2,
     "n_layer": 2,
-    "num_attention_heads": 4,
     "num_heads": 4,
     "n_head": 4,
-    "num_key_value_heads": 2,
     "head_dim": 16,
     "n_embd": 64,
     "d_model": 64,
     "embed_dim": 64,
-    "max_position_embeddings": 128,
-    "initializer_range": 0.2,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "tie_word_embeddings": False,
     # mixtures of experts
     "num_experts": 4,
     "num_local_experts": 4,
@@ -86,6 +79,17 @@ _MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
 OVERRIDES: dict[str, dict[str, Any]] = {
     # its config accepts one expert per token only
     "zaya": {"num_experts_per_tok": 1},
+    # a rotated part of 8 channels (4 pairs; the default 1/8 of the tiny head is one pair, whose speed is 1 at any
+    # base), and one layer of each rope kind ("main": sliding layers, "compress": compressed ones)
+    "deepseek_v4": {
+        "partial_rotary_factor": 0.5,
+        "layer_types": ["sliding_attention", "compressed_sparse_attention"],
+    },
+    # rotary position embeddings where the config makes them optional
+    "esm": {"position_embedding_type": "rotary"},
+    "zamba2": {"use_mem_rope": True},
+    "wav2vec2_bert": {"position_embeddings_type": "rotary"},
+    "wav2vec2_conformer": {"position_embeddings_type": "rotary"},
     # one expert width per modality (text, vision)
     "ernie4_5_vl_moe": _text(moe_intermediate_size=[32, 32]),
     # M-RoPE sections the tiny head can hold (the module's default needs 64 pairs)
@@ -96,17 +100,28 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "glm4v": _text(rope_parameters={**_MROPE, "mrope_section": [1, 1, 2]}),
     "glm_ocr": _text(rope_parameters={**_MROPE, "mrope_section": [1, 1, 2]}),
     "glm_image": _text(rope_parameters={**_MROPE, "mrope_section": [1, 1, 2]}),
+    # (GLM-4V-MoE: a section of zero pairs, as its configs have)
     "glm4v_moe": _text(
         rope_parameters={
             **_MROPE,
-            "mrope_section": [1, 1, 2],
+            "mrope_section": [0, 2, 2],
             "partial_rotary_factor": 0.5,
         }
     ),
     # hybrids: at least one of the two tiny layers is an attention layer
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
     "bamba": {"attn_layer_indices": [1]},
-    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "granitemoehybrid": {
+        "layer_types": ["linear_attention", "full_attention"],
+        "position_embedding_type": "rope",
+    },
+}
+
+#: Parameters that start at zero where a zero hides the positions from the outputs (a parameter whose name ends
+#: so gets the value), and why.
+PARAMETERS: dict[str, dict[str, float]] = {
+    # its key scale starts at 0: every score is 0 and attention ignores the rotation
+    "zaya": {"qk_norm.temp": 1.0},
 }
 
 
@@ -308,6 +323,10 @@ def tiny_model(family: str, seed: int = 0) -> Any:
         for weight in model.parameters():
             if weight.dim() >= 2 and not weight.any():
                 weight.normal_(0.0, 0.05)
+        for name, weight in model.named_parameters():
+            for end, value in PARAMETERS.get(family, {}).items():
+                if name.endswith(end):
+                    weight.fill_(value)
     return model.eval()
 
 

@@ -106,9 +106,12 @@ def _own(module: Any, config: Any) -> Any:
 
 
 def doubled_base(config: Any) -> Any:
-    """A copy of ``config`` whose rope_theta is doubled, in its own and every sub-config's parameters."""
+    """A copy of ``config`` whose rope_theta is doubled, in its own and every sub-config's parameters (and as
+    an attribute of its own, where a family reads it there: ESM)."""
     wrong = copy.deepcopy(config)
     for c in [wrong, *builder._sub_configs(wrong)]:
+        if isinstance(vars(c).get("rope_theta"), (int, float)):
+            c.rope_theta = 2 * c.rope_theta
         params = getattr(c, "rope_parameters", None)
         if not isinstance(params, dict):
             continue
