@@ -1,9 +1,14 @@
 """Reference modules: the libraries' conventions, built on the core (transformers' rotary modules and configs;
 diffusers', timm's and DETR's sin-cos modules and functions). Nothing in the core imports them.
 
-Written by hand (the modules beside it are generated from book/15 and 16): the public names they add.
+Written by hand (the modules beside it are generated from book/15, 16 and 20): the public names they add.
 """
 
+from posenc.conventions.diffusers import (
+    get_3d_rotary_pos_embed,
+    swap_rotary_diffusers,
+    swap_rotary_timm,
+)
 from posenc.conventions.hf import (
     HFRotaryEmbedding,
     rotary_embedding_from_config,
@@ -21,7 +26,10 @@ __all__ = [
     "PositionEmbeddingSine",
     "Timesteps",
     "get_2d_sincos_pos_embed",
+    "get_3d_rotary_pos_embed",
     "get_3d_sincos_pos_embed",
     "rotary_embedding_from_config",
     "swap_rotary",
+    "swap_rotary_diffusers",
+    "swap_rotary_timm",
 ]

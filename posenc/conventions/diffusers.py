@@ -483,14 +483,16 @@ def swap_rotary_timm(model: nn.Module) -> dict[str, nn.Module]:
     coordinate augmentation) raises a ValueError naming it and the reason.
 
     Args:
-        model: a timm model, e.g. ``timm.create_model("vit_base_patch16_rope_reg1_gap_256")``.
+        model: a timm model, e.g.
+            ``timm.create_model("vit_base_patch16_rope_reg1_gap_256")``.
 
     Returns:
         ``{name: module}``: each replaced timm module, by its name in ``model``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(
-            f"model must be a torch.nn.Module (a timm model), got {type(model).__name__}"
+            "model must be a torch.nn.Module (a timm model), got "
+            f"{type(model).__name__}"
         )
     found = {
         n: m for n, m in model.named_modules()
