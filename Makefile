@@ -20,7 +20,7 @@ TEST_THREADS ?= $(if $(filter 1,$(TEST_JOBS)),$(shell nproc 2>/dev/null || echo 
 # JupyterLab refuses to start as root without --allow-root (containers often run as root).
 LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help venv book test test-deploy census test-fast test-time test-portable test-floor notebooks export check-export lint lab bench experiment gpu-check clean
+.PHONY: help venv book test test-deploy census test-fast test-time test-portable test-floor notebooks export check-export lint lab bench experiment context-experiment gpu-check clean
 
 help:
 	@echo "make help           this list"
@@ -40,6 +40,7 @@ help:
 	@echo "make lab            JupyterLab on book/ with the project's environment (LAB_ARGS='$(LAB_ARGS)')"
 	@echo "make bench          time posenc against the classic recipes, Hugging Face rotary (and the swap into a Llama), diffusers and the copy bandwidth; peak memory -> benchmarks/results/"
 	@echo "make experiment     train tiny transformers with each positional scheme (70 min on 2 cores for the committed results; resumes if stopped) -> experiments/results/"
+	@echo "make context-experiment  a byte-level model of mpmath's source trained at L = 64, then every rope scaling at 1-8 L, zero-shot and fine-tuned (5 seeds) -> experiments/results/"
 	@echo "make gpu-check      on a CUDA machine (plain python3 with torch and pytest): GPU tests + benchmark"
 	@echo "make clean          remove the built book and caches"
 
@@ -143,6 +144,12 @@ bench: $(STAMP)
 # experiments/results/position-matters-cpu.json.partial.jsonl when run again at the same commit.
 experiment: $(STAMP)
 	$(PY) -m experiments.run
+
+# What the rope scalings do past the training length (chapter 19): five byte-level models of mpmath's source trained
+# at L = 64, each evaluated under every scaling at 1, 2, 4 and 8 L and fine-tuned under each at 4 L (30 runs, one
+# pinned worker, one thread). Refuses uncommitted code; resumes if stopped. Its quick mode is a test.
+context-experiment: $(STAMP)
+	$(PY) -m experiments.context
 
 # For a machine with CUDA whose own python3 has torch and pytest: no venv, no Jupyter. Under 5 minutes.
 gpu-check:
