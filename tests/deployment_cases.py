@@ -226,13 +226,10 @@ _FAKE = (
     "issue 35 #5: a table built under FakeTensorMode is cached; the next real call mixes it with real tensors "
     '("Please convert all Tensors to FakeTensors first")'
 )
-_LEGACY = (
-    "issue 35 #1: torch.onnx.export(dynamo=False) exports, onnxruntime runs it, and the result is wrong: the "
-    "in-place table fills are lost and positions= is dropped from the graph"
-)
 _LEGACY_ARGS = (
     "torch.onnx.export(dynamo=False) with torch 2.13: the legacy tracer calls forward with extra positional "
-    'arguments ("forward() takes 2 positional arguments but 3 were given"); not yet diagnosed'
+    'arguments ("forward() takes 2 positional arguments but 3 were given"; RotaryEmbedding: 3 taken, 6 given, '
+    "one per keyword-only argument of forward); not yet diagnosed further"
 )
 _META = (
     "issue 35 #6: a table or frequency tensor made on the meta device is kept; the next real call raises "
@@ -243,54 +240,17 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
         "issue 35 #2 under torch.jit.trace: the dynamic-NTK state is frozen into the trace (cos off by 0.656 "
         "after calls of 40 then 20 tokens); torch.export refuses it, jit.trace does not yet"
     ),
-    **{
-        ("fake", name): _FAKE
-        for name in (
-            "PositionalEncoding",
-            "RotaryEmbedding",
-            "RotaryEmbedding.rotate(positions=)",
-        )
-    },
+    **{("fake", name): _FAKE for name in ("PositionalEncoding",)},
     **{
         (path, name): _META
         for path in ("meta_built", "meta_call", "to_meta", "meta_context")
         for name in _HF_CASES
     },
-    **{
-        ("meta_context", name): _META
-        for name in ("RotaryEmbedding", "RotaryEmbedding.rotate(positions=)")
-    },
-    **{
-        ("onnx", name): (
-            "issue 35 #3: torch.onnx.export(dynamo=True) has no ONNX function for the custom op "
-            "posenc::rotary_tables (DispatchError)"
-        )
-        for name in _ROTARY
-    },
-    **{
-        ("aoti", name): (
-            "issue 35 #4: the AOTInductor package compiles; every call of the custom op posenc::rotary_tables with "
-            "one position axis raises \"Expected List[int] for argument 'sections' but found NoneType\""
-        )
-        for name in _ROTARY
-    },
-    ("jit_trace", "RotaryEmbedding"): (
-        "issue 35 #7: first use inside torch.jit.trace fills the table cache during the trace "
-        '("TracingCheckError: Graphs differed across invocations")'
-    ),
     ("onnx_legacy", "HFRotaryEmbedding[dynamic]"): (
         "issue 35 #2 under the legacy ONNX exporter: the dynamic-NTK state is frozen into the traced graph "
         "(not close to eager after calls of 40 then 20 tokens)"
     ),
-    **{
-        ("onnx_legacy", name): _LEGACY
-        for name in (
-            "RotaryEmbedding",
-            "RotaryEmbedding.rotate(positions=)",
-            "apply_rotary",
-            "rotary_cos_sin",
-        )
-    },
+    ("onnx_legacy", "RotaryEmbedding"): _LEGACY_ARGS,
     ("onnx_legacy", "PositionalEncoding"): _LEGACY_ARGS,
     ("onnx_legacy", "Timesteps"): _LEGACY_ARGS,
     ("onnx_legacy", "sincos_grid"): (

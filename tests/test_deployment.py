@@ -283,11 +283,6 @@ LONGER_KNOWN: dict[tuple[str, str], str] = {
     ("jit_trace", "PositionalEncoding past max_len"): (
         "issue 35 #10: the trace keeps the cached table's length; a longer call fails to broadcast"
     ),
-    ("jit_trace", "RotaryEmbedding past max_len"): (
-        "torch.jit.trace of RotaryEmbedding traced at 6 tokens, called at 20 (past max_len 8): a RuntimeError in "
-        "the TorchScript interpreter; likely the cause of #7 (tables filled into the cache during the traced "
-        "call), not confirmed"
-    ),
     ("onnx_legacy", "PositionalEncoding past max_len"): (
         "issue 35 #10 through the legacy ONNX exporter with dynamic_axes: the traced table is sliced at the "
         "first call's length"
@@ -472,12 +467,7 @@ VMAP_KNOWN: dict[str, str] = {
         'issue 35 #8: the table is filled in place by index_put_, which vmap cannot batch ("vmap: inplace '
         'arithmetic ... is not possible")'
     )
-    for name in (
-        "RotaryEmbedding.rotate(positions=)",
-        "apply_rotary",
-        "rotary_cos_sin",
-        "offset_matrix",
-    )
+    for name in ("offset_matrix",)
 }
 
 

@@ -10,6 +10,7 @@ __all__ = ["ROTARY_LAYOUTS"]
 
 import ast
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from posenc._checks import (
     check_offset,
     values_checkable,
 )
+from posenc._tables import storable
 from posenc.rotary.scaling import (
     _attention_factor,
     _check_axes_dim,
@@ -86,11 +88,14 @@ class _Rope:
             key = self.switch + 1  # longrope: the long factors
         omega = self._omega.get(key)
         if omega is None:
-            with torch.inference_mode(False):  # usable by autograd later
-                omega = _frequencies_of(
-                    self.widths, self.description, key, self.sections
-                )
-            if not (self.dynamic and key is not None):
+            # on the CPU whatever the default device (a meta context), usable by
+            # autograd later; kept only when real (not under FakeTensorMode)
+            cpu = (
+                nullcontext() if torch.compiler.is_compiling() else torch.device("cpu")
+            )
+            with torch.inference_mode(False), cpu:
+                omega = _frequencies_of(self.widths, self.params, key, self.sections)
+            if not (self.dynamic and key is not None) and storable(omega):
                 self._omega[key] = omega
         return omega
 

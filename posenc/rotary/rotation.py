@@ -20,7 +20,9 @@ from posenc._checks import (
     check_count,
     check_dtype,
     check_even,
+    in_torch_func,
 )
+from posenc._tables import assume_constant_result, is_exporting, storable
 from posenc.rotary._args import (
     ROTARY_LAYOUTS,
     _check_inputs,
@@ -35,7 +37,6 @@ from posenc.rotary._args import (
     _table_positions,
 )
 from posenc.sinusoidal.encoding import _round_once
-from posenc.sinusoidal.module import _assume_constant_result
 
 _HALF = (torch.float16, torch.bfloat16)  # rotated in float32, rounded once
 _CHUNK = 1 << 12  # positions per block of float64 angles: a few MiB besides a table
@@ -78,11 +79,16 @@ def _tables_at(
     """cos and sin of θ_{p,i} = p·ω_i for ``positions [*shape]`` (several axes:
     ``[axes, *shape]``), ``[*shape, r]`` in ``rope``'s layout, rounded once to
     ``dtype``. ``seq_len``: dynamic NTK's; ``traced``: one operator when traced."""
-    if traced and torch.compiler.is_compiling():  # eager's kernels, one operator
+    compiling = torch.compiler.is_compiling()
+    if traced and compiling and not is_exporting():  # eager's kernels, one operator
         length, w, s = -1 if seq_len is None else seq_len, rope.widths, rope.sections
         return _tables_op(
             positions, list(w), rope.description, list(s), rope.layout, dtype, length
         )
+    # a program being recorded (torch.export, jit.trace, the legacy ONNX exporter)
+    # or a vmap: one block of plain operators, nothing filled in place
+    whole = compiling or torch._C._get_tracing_state() is not None
+    whole = whole or in_torch_func(positions)
     axes = len(rope.sections)
     flat = positions.reshape(axes, -1) if axes else positions.reshape(-1)
     n, device = flat.shape[-1], positions.device
@@ -91,24 +97,41 @@ def _tables_at(
         long = rope.frequencies(rope.switch + 1).to(device)
         omega = torch.where(flat.max() >= rope.switch, long, omega)
     half, r = omega.shape[-1], 2 * omega.shape[-1]
-    cos, sin = (torch.empty(n, r, dtype=dtype, device=device) for _ in "cs")
+    lead = positions.shape[1:] if axes else positions.shape
     # each value twice: [c0, c0, c1, c1, ...] or [c0, c1, ..., c0, c1, ...]
     inter = rope.layout == "interleaved"
     pairs, twice = ((-1, half, 2), -1) if inter else ((-1, 2, half), 1)
+    if whole:
+        cos, sin = (
+            v.unsqueeze(twice).expand(pairs) for v in _values(rope, omega, flat, dtype)
+        )
+        return cos.reshape(*lead, r), sin.reshape(*lead, r)
+    cos, sin = (torch.empty(n, r, dtype=dtype, device=device) for _ in "cs")
     for start in range(0, n, _CHUNK):  # a block of positions at a time
-        p = flat[..., start : start + _CHUNK].to(torch.float64).unsqueeze(-1)
-        if axes:  # pair i of section a turns by p_a: Σ_a p_a Ω[a, i], one term
-            theta = (p * omega.unsqueeze(1)).sum(0)
-        else:
-            theta = p * omega  # θ[p, i] = p ω_i
-        for table, f in ((cos, torch.cos), (sin, torch.sin)):
-            value = f(theta)
-            if rope.attention != 1.0:  # YaRN, LongRoPE scale cos and sin
-                value = value * rope.attention
+        block = _values(rope, omega, flat[..., start : start + _CHUNK], dtype)
+        for table, value in zip((cos, sin), block):
             rows = table[start : start + _CHUNK].view(pairs)
-            rows.copy_(_round_once(value, dtype).unsqueeze(twice).expand(rows.shape))
-    lead = positions.shape[1:] if axes else positions.shape
+            rows.copy_(value.unsqueeze(twice).expand(rows.shape))
     return cos.view(*lead, r), sin.view(*lead, r)
+
+
+def _values(
+    rope: _Rope, omega: Tensor, positions: Tensor, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos θ and sin θ, θ_{p,i} = p·ω_i, once per pair, rounded once to ``dtype``:
+    ``[n, r/2]`` for ``positions [n]`` (several axes: ``[axes, n]``)."""
+    p = positions.to(torch.float64).unsqueeze(-1)
+    if rope.sections:  # pair i of section a turns by p_a: Σ_a p_a Ω[a, i], one term
+        theta = (p * omega.unsqueeze(1)).sum(0)
+    else:
+        theta = p * omega  # θ[p, i] = p ω_i
+    out = []
+    for f in (torch.cos, torch.sin):
+        value = f(theta)
+        if rope.attention != 1.0:  # YaRN, LongRoPE scale cos and sin
+            value = value * rope.attention
+        out.append(_round_once(value, dtype))
+    return out[0], out[1]
 
 
 # 06_rotary.ipynb, cell 17: The implementation
@@ -308,11 +331,7 @@ def apply_rotary(
 
 
 # 06_rotary.ipynb, cell 21: The implementation
-# torch.export sets is_exporting(); torch < 2.4 lacks it (then any compile counts).
-_is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
-
-
-@_assume_constant_result
+@assume_constant_result
 def _fill_cache(
     module: RotaryEmbedding, device: torch.device, dtype: torch.dtype, mark: bool
 ) -> bool:
@@ -445,10 +464,12 @@ class RotaryEmbedding(nn.Module):
         length: int,
         device: torch.device,
         dtype: torch.dtype,
+        x: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """The tables of ``positions``, or of ``offset .. offset + length - 1``:
         ``[*positions.shape, r]`` (several axes: without the axes) or
-        ``[length, r]``."""
+        ``[length, r]``. The cached table serves a call for ``x`` only where
+        one may be kept (``posenc._tables.storable``: no trace, fake or meta)."""
         rope, compiling = self._rope, torch.compiler.is_compiling()
         rope.check_traceable()
         offset = _check_offset(offset, positions, rope, "offset")
@@ -474,8 +495,9 @@ class RotaryEmbedding(nn.Module):
         elif rope.dynamic:
             seq_len = self._seq_len  # no values to read (meta): the kept length
         if positions is None:
-            exporting = compiling and _is_exporting()  # first: no guard on `end`
-            if not exporting and seq_len is None and end <= self._cached_len:
+            exporting = compiling and is_exporting()  # first: no guard on `end`
+            kept = compiling or (x is not None and storable(x))
+            if kept and not exporting and seq_len is None and end <= self._cached_len:
                 _fill_cache(self, device, dtype, compiling)
                 cos, sin = self._tables[device, dtype]
                 return cos[offset:end], sin[offset:end]
@@ -555,7 +577,7 @@ class RotaryEmbedding(nn.Module):
             torch.float32 if q.dtype in _HALF else q.dtype,
             self._rope.layout,
         )
-        cos, sin = self._rows(offset, positions, q.shape[seq_dim], q.device, dtype)
+        cos, sin = self._rows(offset, positions, q.shape[seq_dim], q.device, dtype, q)
         small = not torch.compiler.is_compiling() and q.numel() <= _STACK_LIMIT
         if small and q.shape == k.shape and q.dtype == k.dtype:
             # a decoding step: q and k rotated as one tensor, half the kernel launches
@@ -565,7 +587,7 @@ class RotaryEmbedding(nn.Module):
         k_dtype = torch.float32 if k.dtype in _HALF else k.dtype
         if k_dtype != dtype:  # k's own rows: q's, converted, would round twice
             cos, sin = self._rows(
-                offset, positions, k.shape[seq_dim], k.device, k_dtype
+                offset, positions, k.shape[seq_dim], k.device, k_dtype, k
             )
         return q_out, _rotate(k, cos, sin, layout, seq_dim)
 
@@ -591,5 +613,5 @@ class RotaryEmbedding(nn.Module):
             positions = _check_positions(positions, self._rope)
         _check_inputs(x, None, head_dim, seq_dim, positions, self._rope)
         dtype = torch.float32 if x.dtype in _HALF else x.dtype
-        cos, sin = self._rows(offset, positions, x.shape[seq_dim], x.device, dtype)
+        cos, sin = self._rows(offset, positions, x.shape[seq_dim], x.device, dtype, x)
         return _rotate(x, cos, sin, self._rope.layout, seq_dim)

@@ -8,7 +8,6 @@ __all__ = ["ROPE_TYPES", "rotary_frequencies"]
 
 # 13_rope_scaling.ipynb, cell 10: Reading a `rope_parameters` dict
 
-import ast
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -561,17 +560,13 @@ def _frozen(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 def _frequencies_of(
     widths: Sequence[int],
-    description: str,
+    params: dict[str, Any],
     seq_len: int | None,
     sections: Sequence[int] = (),
 ) -> Tensor:
-    """The float64 ω_i of every axis, concatenated (one axis: one width), from
-    ``_Rope.description``: ``[sum(widths) / 2]``, or with ``sections`` the
+    """The float64 ω_i of every axis, concatenated (one axis: one width), for the
+    checked ``params``: ``[sum(widths) / 2]``, or with ``sections`` the
     ``[axes, sum(widths) / 2]`` of ``_per_axis``."""
-    params = {
-        k: list(v) if isinstance(v, tuple) else v
-        for k, v in ast.literal_eval(description)
-    }
     omega = torch.cat([_frequencies(int(w), params, seq_len) for w in widths])
     if not sections:
         return omega
