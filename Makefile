@@ -64,7 +64,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 # package for the API page, the experiment's code that chapter 08 includes, the configuration): `make book` runs
 # jupyter-book only when one of them is newer than the last good build (an unchanged book: no 7 s Sphinx start).
 BOOK_STAMP := _build/html/.posenc-built
-BOOK_INPUTS := _config.yml _toc.yml $(shell find book posenc experiments/position -type f \
+BOOK_INPUTS := _config.yml _toc.yml $(shell find book posenc experiments/position experiments/context experiments/results/context-extension-cpu.json -type f \
   -not -path '*/.ipynb_checkpoints/*' -not -path '*/__pycache__/*' 2>/dev/null)
 
 # Sphinx copies book/_static only when some page is rebuilt: when a static file (CSS, fonts) differs from its

@@ -85,8 +85,7 @@ def _tables_at(
         return _tables_op(
             positions, list(w), rope.description, list(s), rope.layout, dtype, length
         )
-    # a program being recorded (torch.export, jit.trace, the legacy ONNX exporter)
-    # or a vmap: one block of plain operators, nothing filled in place
+    # recorded (export, jit.trace, legacy ONNX) or in vmap: one block, not in place
     whole = compiling or torch._C._get_tracing_state() is not None
     whole = whole or in_torch_func(positions)
     axes = len(rope.sections)
@@ -102,9 +101,8 @@ def _tables_at(
     inter = rope.layout == "interleaved"
     pairs, twice = ((-1, half, 2), -1) if inter else ((-1, 2, half), 1)
     if whole:
-        cos, sin = (
-            v.unsqueeze(twice).expand(pairs) for v in _values(rope, omega, flat, dtype)
-        )
+        values = _values(rope, omega, flat, dtype)
+        cos, sin = (v.unsqueeze(twice).expand(pairs) for v in values)
         return cos.reshape(*lead, r), sin.reshape(*lead, r)
     cos, sin = (torch.empty(n, r, dtype=dtype, device=device) for _ in "cs")
     for start in range(0, n, _CHUNK):  # a block of positions at a time
@@ -115,6 +113,7 @@ def _tables_at(
     return cos.view(*lead, r), sin.view(*lead, r)
 
 
+# 06_rotary.ipynb, cell 16: The implementation
 def _values(
     rope: _Rope, omega: Tensor, positions: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
@@ -134,7 +133,7 @@ def _values(
     return out[0], out[1]
 
 
-# 06_rotary.ipynb, cell 17: The implementation
+# 06_rotary.ipynb, cell 18: The implementation
 # Under torch.compile and torch.export the tables are the same eager kernels,
 # called as one opaque operator: compiled and exported programs agree bitwise
 # with eager mode on the CPU (inductor's own float64 sin/cos may differ in the
@@ -178,7 +177,7 @@ else:  # older torch: traced like any other code (agrees to rounding, not bitwis
     _tables_op = _tables_described
 
 
-# 06_rotary.ipynb, cell 19: The implementation
+# 06_rotary.ipynb, cell 20: The implementation
 def rotary_cos_sin(
     positions: int | Tensor,
     head_dim: int,
@@ -330,7 +329,7 @@ def apply_rotary(
     return _rotate(x, cos, sin, layout, seq_dim)
 
 
-# 06_rotary.ipynb, cell 21: The implementation
+# 06_rotary.ipynb, cell 22: The implementation
 @assume_constant_result
 def _fill_cache(
     module: RotaryEmbedding, device: torch.device, dtype: torch.dtype, mark: bool
