@@ -206,3 +206,30 @@ def test_the_kept_base_models_are_the_recorded_runs(results):
         )
         model.load_state_dict(torch.load(path, weights_only=True))
         assert weights_digest(model) == r["weights_sha256"]
+
+
+def test_a_stopped_sweep_resumes_from_its_checkpoint(tmp_path):
+    # in this process (workers=0): one seed's base run and five fine-tunes of the quick settings
+    from experiments.position.sweep import comparable
+
+    check = tmp_path / "runs.jsonl"
+
+    def again() -> dict:
+        return sw.sweep(
+            sw.QUICK, (0,), tmp_path, workers=0, checkpoint=check, log=lambda line: None
+        )
+
+    first = again()
+    lines = check.read_text().splitlines()
+    assert len(lines) == 1 + len(METHODS)
+    # a sweep killed while writing its last line: that run is run again, the others are not
+    check.write_text("\n".join(lines[:-1]) + "\n" + lines[-1][: len(lines[-1]) // 2])
+    second = again()
+    assert (first["resumed_runs"], second["resumed_runs"]) == (0, len(METHODS))
+    assert sw.check_schema(second) == []
+    assert [comparable(r) for r in first["runs"]] == [
+        comparable(r) for r in second["runs"]
+    ]
+    # a base run whose saved weights are gone is run again (its fine-tunes load them)
+    (tmp_path / sw.weights_name(0)).unlink()
+    assert again()["resumed_runs"] == len(METHODS)

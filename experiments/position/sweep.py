@@ -621,8 +621,15 @@ def _job_key(job: dict[str, Any], stage: str) -> str:
 
 
 def _append(path: Path, entry: dict[str, Any]) -> None:
+    """One JSON line at the end of ``path``, on a line of its own: after a last line cut
+    short by a kill, a newline first (else the fragment would swallow this entry)."""
+    cut = False
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, 2)
+            cut = f.read(1) != b"\n"
     with open(path, "a") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
+        f.write(("\n" if cut else "") + json.dumps(entry, sort_keys=True) + "\n")
 
 
 def _resumable(
