@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-__all__ = ["assume_constant_result", "cached_table", "is_exporting", "storable"]
+__all__ = ["assume_constant_result", "cached_table", "fake", "is_exporting", "storable"]
 
 # 18_deployment.ipynb, cell 4: One cache of tables
 
@@ -41,14 +41,18 @@ def storable(x: Tensor) -> bool:
     fake or meta ``x`` (nor under an active ``FakeTensorMode``), not inside
     ``torch.func`` (vmap, grad, jvp). Call it outside ``torch.compile`` only.
     """
-    from torch._subclasses.fake_tensor import is_fake
-
     if torch._C._get_tracing_state() is not None or is_exporting():
         return False
-    if x.device.type == "meta" or is_fake(x) or in_torch_func(x):
-        return False
+    return not (x.device.type == "meta" or fake(x) or in_torch_func(x))
+
+
+def fake(x: Tensor) -> bool:
+    """Whether ``x`` is a fake tensor, or a ``FakeTensorMode`` is active (memory or
+    shape planning): nothing built from it may be kept."""
+    from torch._subclasses.fake_tensor import is_fake
+
     fake_mode = torch._C._TorchDispatchModeKey.FAKE
-    return torch._C._get_dispatch_mode(fake_mode) is None
+    return is_fake(x) or torch._C._get_dispatch_mode(fake_mode) is not None
 
 
 # 18_deployment.ipynb, cell 7: One cache of tables

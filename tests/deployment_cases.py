@@ -222,10 +222,6 @@ _ROTARY = (
     "rotary_cos_sin",
 )
 _HF_CASES = tuple(f"HFRotaryEmbedding[{t}]" for t in ROPE_PARAMETERS)
-_FAKE = (
-    "issue 35 #5: a table built under FakeTensorMode is cached; the next real call mixes it with real tensors "
-    '("Please convert all Tensors to FakeTensors first")'
-)
 _LEGACY_ARGS = (
     "torch.onnx.export(dynamo=False) with torch 2.13: the legacy tracer calls forward with extra positional "
     'arguments ("forward() takes 2 positional arguments but 3 were given"; RotaryEmbedding: 3 taken, 6 given, '
@@ -240,7 +236,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
         "issue 35 #2 under torch.jit.trace: the dynamic-NTK state is frozen into the trace (cos off by 0.656 "
         "after calls of 40 then 20 tokens); torch.export refuses it, jit.trace does not yet"
     ),
-    **{("fake", name): _FAKE for name in ("PositionalEncoding",)},
     **{
         (path, name): _META
         for path in ("meta_built", "meta_call", "to_meta", "meta_context")

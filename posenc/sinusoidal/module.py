@@ -25,6 +25,7 @@ from posenc._checks import (
     in_torch_func,
     values_checkable,
 )
+from posenc._tables import fake
 from posenc.sinusoidal.encoding import (
     LAYOUTS,
     SCHEDULES,
@@ -357,8 +358,10 @@ class PositionalEncoding(nn.Module):
             if offset.__class__ is not int or not 0 <= offset <= MAX_POSITION:
                 offset = check_offset(offset)
             end, compiling = offset + seq_len, torch.compiler.is_compiling()
-            # torch.export holds no table (checked first: no guard on end is recorded)
-            if not (compiling and _is_exporting()) and end <= self.max_len:
+            # torch.export holds no table (checked first: no guard on end is recorded),
+            # nor a fake call (FakeTensorMode: nothing built from it may be kept)
+            kept = not (compiling and _is_exporting()) and end <= self.max_len
+            if kept and (compiling or not fake(x)):
                 if compiling:  # built while tracing, outside the graph, read as input
                     _build_table_outside_graph(self, x.device, x.dtype)
                 out = x + self._table(x.device, x.dtype)[offset:end]
