@@ -304,7 +304,12 @@ class _StandIn(types.ModuleType):
 
 def timm_models() -> types.ModuleType:
     """The installed ``timm`` with its models (``timm.create_model``); torchvision's names stand-ins where
-    torchvision does not import."""
+    torchvision does not import. A ``timm`` registered as a namespace by tests/peers.py (its ``__init__`` not
+    run, so no ``create_model``) in the same process is imported again, as the package."""
+    held = sys.modules.get("timm")
+    if held is not None and not hasattr(held, "create_model"):
+        for name in [n for n in sys.modules if n.split(".")[0] == "timm"]:
+            del sys.modules[name]
     try:
         import torchvision  # noqa: F401
     except ImportError:
