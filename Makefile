@@ -145,7 +145,7 @@ bench: $(STAMP)
 experiment: $(STAMP)
 	$(PY) -m experiments.run
 
-# What the rope scalings do past the training length (chapter 19): five byte-level models of mpmath's source trained
+# What the rope scalings do past the training length (chapter 09): five byte-level models of mpmath's source trained
 # at L = 64, each evaluated under every scaling at 1, 2, 4 and 8 L and fine-tuned under each at 4 L (30 runs, one
 # pinned worker, one thread). Refuses uncommitted code; resumes if stopped. Its quick mode is a test.
 context-experiment: $(STAMP)

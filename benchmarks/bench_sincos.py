@@ -79,7 +79,7 @@ from posenc.sincos._args import _check_freq_args, _check_timesteps  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 BATCH, DIM = 256, 320
 GRID, GRID_DIM = (64, 64), 1152
-#: what each group measures, as the results file and book/16_sincos_conventions name it
+#: what each group measures, as the results file and book/17_sincos_conventions name it
 GROUPS = {
     "timestep_distinct": "timestep_embedding, 256 distinct time steps",
     "timestep_integer": "timestep_embedding, 256 integer time steps",
@@ -92,7 +92,7 @@ ANGLE_ADDITION_MAX = 2**24 - 1
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The measured alternatives (not in the package: see book/16_sincos_conventions, "Speed")
+# The measured alternatives (not in the package: see book/17_sincos_conventions, "Speed")
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -158,7 +158,7 @@ def angle_addition_embedding(
     time steps, small batches, huge steps, bad arguments) is ``posenc.timestep_embedding``. With ``t = a B + b``
     (``B = angle_addition_block(max t)``) and u = 2^-53, the float64 value is within ``u (4 t + 6 (a + b) + 3)`` of
     the exact one (the direct road: ``u (4 t + 2)``), so a float32 result is within 2^-24 of it, as posenc's
-    (book/16_sincos_conventions derives the bound, ``tests/test_bench_sincos.py`` tests it against mpmath).
+    (book/17_sincos_conventions derives the bound, ``tests/test_bench_sincos.py`` tests it against mpmath).
     """
     t, n = timesteps, 0
     if (
@@ -256,7 +256,7 @@ def half_angle_embedding(
 
 def make_groups() -> dict[str, dict[str, Callable[[], Any]]]:
     """The callables to time, per group; the first of each group is its baseline (diffusers)."""
-    # imported here: the module's roads (book/16_sincos_conventions, tests/test_bench_sincos.py) need no
+    # imported here: the module's roads (book/17_sincos_conventions, tests/test_bench_sincos.py) need no
     # diffusers, whose import takes seconds
     from diffusers.models.embeddings import Timesteps as DiffusersTimesteps
     from diffusers.models.embeddings import (
@@ -392,7 +392,7 @@ def time_group(
 
 
 def rows(groups: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per group: posenc's speedup over diffusers, with quartiles (what book/16_sincos_conventions prints)."""
+    """One row per group: posenc's speedup over diffusers, with quartiles (what book/17_sincos_conventions prints)."""
     return [
         {
             "group": key,

@@ -1,5 +1,5 @@
 """Every bad input to posenc, in one place: ``tests/test_reliability.py`` turns each case into a test, and
-``book/12_reliability.ipynb`` executes them to print the table of what the user gets.
+``book/13_reliability.ipynb`` executes them to print the table of what the user gets.
 
 A case is a call that must raise ``error`` with a message that matches ``match`` (a regular expression; it names
 the argument) and contains ``given`` (what the user passed). ``classic`` is the same mistake made with the classic

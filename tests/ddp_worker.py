@@ -1,7 +1,7 @@
 """Train a small language model under ``DistributedDataParallel`` in CPU processes (gloo) and measure what DDP
 broadcasts, for posenc's ``PositionalEncoding`` and the two classic modules.
 
-Used by ``tests/test_ddp.py`` and ``book/12_reliability.ipynb``:
+Used by ``tests/test_ddp.py`` and ``book/13_reliability.ipynb``:
 
     from tests.ddp_worker import launch
     report = launch()            # starts 2 worker processes, waits (bounded), always cleans them up
@@ -228,7 +228,7 @@ def launch(
 ) -> dict[int, dict[str, dict[str, object]]]:
     """Run the workers once per test run; return ``{rank: {model name: measurements}}``.
 
-    Inside a pytest run (``POSENC_RUN_DIR``, tests/plugin.py), tests/test_ddp.py and chapter 12 share one
+    Inside a pytest run (``POSENC_RUN_DIR``, tests/plugin.py), tests/test_ddp.py and chapter 13 share one
     measurement: the first caller runs the workers and stores their report in the run's directory, under a
     lock; a later caller (another xdist worker, a notebook kernel) reads it. Outside a run, every call measures.
     """

@@ -204,6 +204,7 @@ PATHS: dict[str, str] = {
     "export_saved": "torch.export.save then torch.export.load, run as ep.module()",
     "onnx": "torch.onnx.export(dynamo=True), run in onnxruntime",
     "onnx_legacy": "torch.onnx.export(dynamo=False), run in onnxruntime",
+    "onnx_legacy_inside": "torch.onnx.export(dynamo=False) of a model whose forward calls the module",
     "aoti": "torch._inductor.aoti_compile_and_package, run as the loaded package",
     "jit_trace": "torch.jit.trace, first use inside the trace",
     "fake": "one call under FakeTensorMode, then real calls",
@@ -215,41 +216,15 @@ PATHS: dict[str, str] = {
 
 #: (path, case) -> the error or wrong result seen with torch 2.13.0, onnx 1.23.2, onnxscript 0.7.2,
 #: onnxruntime 1.32.0 (tests/test_deployment.py marks each xfail(strict=True): a fix makes it fail until removed)
-_ROTARY = (
-    "RotaryEmbedding",
-    "RotaryEmbedding.rotate(positions=)",
-    "apply_rotary",
-    "rotary_cos_sin",
-)
-_HF_CASES = tuple(f"HFRotaryEmbedding[{t}]" for t in ROPE_PARAMETERS)
-_LEGACY_ARGS = (
-    "torch.onnx.export(dynamo=False) with torch 2.13: the legacy tracer calls forward with extra positional "
-    'arguments ("forward() takes 2 positional arguments but 3 were given"; RotaryEmbedding: 3 taken, 6 given, '
-    "one per keyword-only argument of forward); not yet diagnosed further"
-)
-_META = (
-    "issue 35 #6: a table or frequency tensor made on the meta device is kept; the next real call raises "
-    '"Cannot copy out of meta tensor; no data!"'
+LEGACY_ONNX_ARGS = (
+    "torch 2.13's legacy ONNX exporter (torch.onnx.export(dynamo=False)) passes the default of each keyword-only "
+    "parameter of the exported module's forward as one more positional argument (its _decide_input_format), so "
+    "forward raises TypeError: a torch defect that any module with keyword-only parameters meets "
+    "(test_legacy_onnx_passes_keyword_only_defaults_positionally); inside a model the module exports "
+    "(path onnx_legacy_inside)"
 )
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("jit_trace", "HFRotaryEmbedding[dynamic]"): (
-        "issue 35 #2 under torch.jit.trace: the dynamic-NTK state is frozen into the trace (cos off by 0.656 "
-        "after calls of 40 then 20 tokens); torch.export refuses it, jit.trace does not yet"
-    ),
-    **{
-        (path, name): _META
-        for path in ("meta_built", "meta_call", "to_meta", "meta_context")
-        for name in _HF_CASES
-    },
-    ("onnx_legacy", "HFRotaryEmbedding[dynamic]"): (
-        "issue 35 #2 under the legacy ONNX exporter: the dynamic-NTK state is frozen into the traced graph "
-        "(not close to eager after calls of 40 then 20 tokens)"
-    ),
-    ("onnx_legacy", "RotaryEmbedding"): _LEGACY_ARGS,
-    ("onnx_legacy", "PositionalEncoding"): _LEGACY_ARGS,
-    ("onnx_legacy", "Timesteps"): _LEGACY_ARGS,
-    ("onnx_legacy", "sincos_grid"): (
-        "torch.onnx.export(dynamo=False): exports, and onnxruntime's result is not close to eager's; "
-        "not yet diagnosed"
-    ),
+    ("onnx_legacy", "RotaryEmbedding"): LEGACY_ONNX_ARGS,
+    ("onnx_legacy", "PositionalEncoding"): LEGACY_ONNX_ARGS,
+    ("onnx_legacy", "Timesteps"): LEGACY_ONNX_ARGS,
 }

@@ -4,7 +4,7 @@ Each :class:`Family` names a model class of the installed transformers and a tin
 vocabulary 96, positions up to 128) with the rotary settings that family is tested for: every ``rope_type``,
 partial rotary, per-layer-type parameters, interleaved layouts and MLA, M-RoPE. ``initializer_range=0.2`` (ten
 times the usual) makes attention depend on positions strongly enough that a wrong table changes the logits by far
-more than float32 noise. tests/test_hf_swap.py swaps ``posenc.HFRotaryEmbedding`` into each one; book/15_hugging_face
+more than float32 noise. tests/test_hf_swap.py swaps ``posenc.HFRotaryEmbedding`` into each one; book/16_hugging_face
 uses the same list.
 """
 

@@ -1,6 +1,6 @@
 """Rotary peers: the real packages where they install, restatements only where they do not, and a float64 reference.
 
-tests/test_rotary_peers.py (and book/13_rope_scaling.ipynb, book/14_rotary_conventions.ipynb,
+tests/test_rotary_peers.py (and book/14_rope_scaling.ipynb, book/15_rotary_conventions.ipynb,
 benchmarks/bench_rotary.py) compare posenc with the installed
 packages themselves, built here from a config as a model would build them (imported inside the functions, so that
 tests/test_rotary.py, which runs on the torch floor without them, can import this file):
@@ -125,7 +125,7 @@ def hf_rope(
 
 def hf_frequency_bound(rope_parameters: Mapping[str, Any]) -> float:
     """The relative difference allowed between transformers' float32 ``inv_freq`` and posenc's float64 omega_i
-    for this dict (book/13_rope_scaling.ipynb derives it): ``2**-24 * K`` with
+    for this dict (book/14_rope_scaling.ipynb derives it): ``2**-24 * K`` with
 
     - K = ln(base) + 6 for every type (proportional: on the pairs that turn): the float32 exponent 2i/d (its
       rounding moves base^(2i/d) by up to ln(base) * 2**-24), the power, the reciprocal, the factor or per-pair

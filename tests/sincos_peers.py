@@ -1,6 +1,6 @@
 """Timestep embeddings and grid tables as published, restated from their sources, with the bounds they are held to.
 
-book/07_timesteps_and_grids.ipynb, book/16_sincos_conventions.ipynb and tests/test_timesteps*.py compare posenc
+book/07_timesteps_and_grids.ipynb, book/17_sincos_conventions.ipynb and tests/test_timesteps*.py compare posenc
 with each of them. Every function keeps its source's arithmetic (order of operations, ``exp`` of a logarithm or a
 power, division or multiplication); ``dtype`` (where given) is the source's float32 by default, and float64 gives
 the same formula without float32 rounding. The sources, read at the commits named:

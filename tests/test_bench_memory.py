@@ -1,6 +1,6 @@
 """Peak memory: ``PositionalEncoding``'s forward past its cache holds at most 1.5 times its output at once (counted
 tensor by tensor, as torch allocates them), and benchmarks/bench_memory.py's bookkeeping. The benchmark itself
-measures the resident set of a fresh process per case, at full size (``make bench``); book/11_performance.ipynb
+measures the resident set of a fresh process per case, at full size (``make bench``); book/12_performance.ipynb
 reads its results."""
 
 from __future__ import annotations

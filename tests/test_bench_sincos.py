@@ -1,7 +1,7 @@
 """benchmarks/bench_sincos.py: the variants compute the same embeddings (the measured alternatives within their
 stated bounds, against mpmath over the whole range the angle-addition road takes), the timing method pairs its
 ratios, the goal is read as documented, and the committed results files are the ones
-book/16_sincos_conventions.ipynb reads.
+book/17_sincos_conventions.ipynb reads.
 
 No timed assertion: only that the numbers are produced, well formed, and judged by the stated rule.
 """
@@ -269,7 +269,7 @@ def test_the_committed_results_are_what_the_chapter_reads():
 
 
 def test_the_chapter_s_sentences_agree_with_the_committed_results():
-    # book/16_sincos_conventions.ipynb, "Speed"
+    # book/17_sincos_conventions.ipynb, "Speed"
     results = bench_sincos.latest_results("cpu")
     one = results["runs"][0]
     speedup = {row["group"]: row["speedup"] for row in one["rows"]}
@@ -322,7 +322,7 @@ def test_the_chapter_s_sentences_agree_with_the_committed_results():
 
 
 def test_the_committed_memory_results_are_what_the_reference_page_says():
-    # book/16_sincos_conventions.ipynb, "Memory": every build within 1.5 times its result in chunks; in one block a
+    # book/17_sincos_conventions.ipynb, "Memory": every build within 1.5 times its result in chunks; in one block a
     # bfloat16 table of distinct rows above ten times, a float32 one several times; the expanded time step and the
     # 2-D grid (computed from a few distinct rows) within 1.05 times either way
     memory = bench_sincos.latest_memory_results()

@@ -1,4 +1,4 @@
-"""posenc/_checks.py (book/17_argument_checks.ipynb): the argument checks every module shares, and the decision of
+"""posenc/_checks.py (book/18_argument_checks.ipynb): the argument checks every module shares, and the decision of
 where values may be read; and tests/host_syncs.py, the harness that finds host synchronisations without a GPU."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Two paths are checked. Within ``max_len`` the compiled graph reads the cached table (built while tracing, outside
 the graph), so it adds the same float32 rows as eager mode and matches bitwise. Past ``max_len``, and in an exported
 program, the encoding is computed inside the graph by another kernel (inductor's sin/cos and pow, not ATen's), so
-it matches to the tolerance derived in ``tolerance`` below. The chapter book/10_gpu.ipynb states the same results.
+it matches to the tolerance derived in ``tolerance`` below. The chapter book/11_gpu.ipynb states the same results.
 
 Compilation on CPU is slow (inductor builds C++), so the structural checks use a backend that only records the
 graph and runs it eagerly, and a few tests compile for real.
@@ -263,7 +263,7 @@ def test_jit_script_raises_a_clear_error_naming_the_alternatives():
 
 @needs_compile
 def test_constant_marks_are_the_ones_torch_sets_and_import_skips_dynamo():
-    """posenc marks its compile-time constants itself (``posenc.sinusoidal.module._assume_constant_result``), so that
+    """posenc marks its compile-time constants itself (``posenc._tables.assume_constant_result``), so that
     ``import posenc`` does not import torch._dynamo; the mark must be exactly what
     ``torch.compiler.assume_constant_result`` sets (the compile tests then exercise it)."""
     import subprocess
@@ -271,6 +271,7 @@ def test_constant_marks_are_the_ones_torch_sets_and_import_skips_dynamo():
 
     import torch
 
+    from posenc import _tables
     from posenc.rotary import rotation as rotary
     from posenc.sinusoidal import module
 
@@ -280,7 +281,7 @@ def test_constant_marks_are_the_ones_torch_sets_and_import_skips_dynamo():
     marked = torch.compiler.assume_constant_result(probe)
     assert marked is probe and set(vars(probe)) == {"_dynamo_marked_constant"}
     for fn in (
-        module._build_table_outside_graph,
+        _tables._build_outside_graph,
         module._constant_base,
         rotary._fill_cache,
     ):

@@ -1,4 +1,4 @@
-"""The context-extension experiment (experiments/context, chapter 19): its text, its scalings, its sweep.
+"""The context-extension experiment (experiments/context, chapter 09): its text, its scalings, its sweep.
 
 - the corpus is mpmath's source as pinned, split by file, identified by SHA-256;
 - every method's rotary embedding is posenc's, set from the ``rope_parameters`` a transformers config carries, and

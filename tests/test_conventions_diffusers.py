@@ -55,7 +55,7 @@ def reference_tables(
 def float32_bound(largest_angle: float, base: float) -> float:
     """A bound on |float32 table - exact| for a library forming 1/base^(2j/d) and p·ω in float32: the exponent
     2j/d (one rounding) multiplies base's relative error by ln(base), pow and 1/x add about three roundings, the
-    product one more (ω relative error <= (ln(base) + 6)·2^-24 with margin, derived in chapter 13), so the angle is
+    product one more (ω relative error <= (ln(base) + 6)·2^-24 with margin, derived in chapter 14), so the angle is
     off by <= θ·(ln(base) + 7)·2^-24; the float32 cos and sin add two more roundings of a value in [-1, 1]."""
     return (largest_angle * (math.log(base) + 7) + 2) * 2.0**-24
 

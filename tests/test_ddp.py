@@ -3,7 +3,7 @@ sequence length on each rank. No error or hang, identical parameters afterwards,
 table broadcast by DDP per step (the classic modules are measured the same way, as a control).
 
 The workers are started and always cleaned up by ``tests.ddp_worker.launch`` (bounded by a timeout); the book's
-chapter ``book/12_reliability.ipynb`` prints the same measurements.
+chapter ``book/13_reliability.ipynb`` prints the same measurements.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def report() -> dict:
 def test_one_measurement_serves_the_whole_run(
     report: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # tests.ddp_worker.launch stores the report in the run's directory (tests/plugin.py): chapter 12,
+    # tests.ddp_worker.launch stores the report in the run's directory (tests/plugin.py): chapter 13,
     # in a notebook kernel of this run, reads it instead of starting two more processes
     assert Path(os.environ["POSENC_RUN_DIR"], "ddp-report-2.json").is_file()
 

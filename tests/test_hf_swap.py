@@ -1,9 +1,9 @@
 """posenc.HFRotaryEmbedding swapped into tiny random models of 28 transformers 5.23 families (29 models: Llama with
-and without Llama 3.1's scaling), and RotaryEmbedding.from_hf_config's layout table (book/15_hugging_face.ipynb).
+and without Llama 3.1's scaling), and RotaryEmbedding.from_hf_config's layout table (book/16_hugging_face.ipynb).
 
 The swap is the one line ``model.model.rotary_emb = posenc.HFRotaryEmbedding(model.config)``. Its bound: the logits
 may differ from the model's own by at most ``RELATIVE * max(1, max |logit|)`` with ``RELATIVE = 1e-4``. Why that
-is float32 noise: transformers rounds its angles p·ω_i in float32 (book/13_rope_scaling bounds its frequencies to
+is float32 noise: transformers rounds its angles p·ω_i in float32 (book/14_rope_scaling bounds its frequencies to
 ``(ln base + 6 + K) * 2**-24`` relative, so the angles to that times p), posenc's tables are within 2^-24 of the
 exact values; through these two-layer models that moved the logits by at most 1.2e-6 relative (measured over the
 29 models, gpt-oss's the largest), about 80 times below the bound. Each family has two controls that must FAIL the

@@ -1,4 +1,4 @@
-"""Precision bounds of the encoding (book/09_precision.ipynb), for the function and the module.
+"""Precision bounds of the encoding (book/10_precision.ipynb), for the function and the module.
 
 - float32: within ``6e-8`` (two float32 rounding steps near 1) of the float64 value at every position below
   ``2**24``, for every ``d_model``, layout and frequency schedule.
@@ -500,7 +500,7 @@ def _classic_table(
 
 @pytest.mark.parametrize("d_model", [8, 64, 512])
 def test_classic_recipe_within_the_bound_the_book_prints(d_model: int) -> None:
-    """book/09_precision.ipynb and 03 print, instead of the machine's float32 errors of the classic recipe, that
+    """book/10_precision.ipynb and 03 print, instead of the machine's float32 errors of the classic recipe, that
     each is within (2 ln(base) + 4) u p + 2u per octave of positions: the bound is asserted here, on this machine's
     kernels (and those CI selects with ATEN_CPU_CAPABILITY)."""
     u = 2.0**-24
@@ -546,7 +546,7 @@ def test_half_precision_angles_within_their_bound(
 def test_half_precision_angles_off_by_more_than_1_where_the_book_says(
     dtype: torch.dtype, expected: tuple[int, int, int]
 ) -> None:
-    """book/09_precision.ipynb scans every row p < 65,520 of the d_model = 512 classic table, angles formed in
+    """book/10_precision.ipynb scans every row p < 65,520 of the d_model = 512 classic table, angles formed in
     ``dtype``, for an error above 1: the first such row, how many rows after it stay within 1, and the last of
     those (every later row is above 1). Rows 2,048 (float16) and 256 (bfloat16), where u p = 1, are within 1.
     Each pair's angle depends on that pair alone, so the 16 fastest pairs are scanned first and the rest only

@@ -1,7 +1,7 @@
 """Reliability of ``posenc.PositionalEncoding`` where positional encodings break in practice: incremental decoding,
 context-parallel shards, packing and left padding, checkpoints across ``max_len`` and devices, dtype and device
 casts, eight threads sharing one module, and every bad input (the cases live in ``tests/bad_inputs.py``, which the
-chapter ``book/12_reliability.ipynb`` prints as a table). Distributed training is in ``tests/test_ddp.py``.
+chapter ``book/13_reliability.ipynb`` prints as a table). Distributed training is in ``tests/test_ddp.py``.
 """
 
 from __future__ import annotations

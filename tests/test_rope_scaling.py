@@ -1,4 +1,4 @@
-"""posenc.rotary.scaling (book/13_rope_scaling.ipynb): the parameter reading refuses nonsense at construction, and
+"""posenc.rotary.scaling (book/14_rope_scaling.ipynb): the parameter reading refuses nonsense at construction, and
 the types added for transformers 5.23 (``proportional``, per-layer-type ``rope_parameters``, Qwen3-VL's interleaved
 M-RoPE) agree with the installed transformers: frequencies within ``hf_frequency_bound`` (tests/rotary_peers.py),
 tables elementwise within one float32 rounding of the angle error that bound allows."""
@@ -274,7 +274,7 @@ def test_dynamic_frequencies_from_a_tensor_length_match_the_int_path():
 
 
 def test_the_attention_factor_chapter_13_quotes():
-    # book/13_rope_scaling.ipynb, claim: "an attention factor, 1.1386 for YaRN at s = 4"; LongRoPE's is above 1 too
+    # book/14_rope_scaling.ipynb, claim: "an attention factor, 1.1386 for YaRN at s = 4"; LongRoPE's is above 1 too
     assert round(_attention_factor({"rope_type": "yarn", "factor": 4.0}), 4) == 1.1386
     longrope = {
         "rope_type": "longrope",

@@ -1,4 +1,4 @@
-"""Rotary embeddings used the wrong way, or in the wrong place (book/06_rotary.ipynb, book/14_rotary_conventions.ipynb).
+"""Rotary embeddings used the wrong way, or in the wrong place (book/06_rotary.ipynb, book/15_rotary_conventions.ipynb).
 
 Each test is a misuse or a setting that once gave a silent or late failure: a module first used under
 ``torch.inference_mode()``, an edited ``frequencies`` tensor, the peak memory of a large table, settings changed

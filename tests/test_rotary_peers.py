@@ -1,12 +1,12 @@
-"""posenc's rotary embeddings against the installed peers themselves (book/14_rotary_conventions.ipynb, and
-book/13_rope_scaling.ipynb for the rope types): transformers 5.23,
+"""posenc's rotary embeddings against the installed peers themselves (book/15_rotary_conventions.ipynb, and
+book/14_rope_scaling.ipynb for the rope types): transformers 5.23,
 diffusers 0.42.1, timm 1.0.31 (its real ``pos_embed_sincos``, via tests/peers.py) and rotary-embedding-torch 0.9.1.
 
 Not run on the torch floor (tools/floor_check.py runs tests/test_rotary.py, which needs none of these packages).
 Bounds:
 
 - frequencies: transformers' float32 ``inv_freq`` within ``hf_frequency_bound`` (tests/rotary_peers.py, derived
-  in book/13_rope_scaling: ``(ln(base) + 6) * 2**-24`` relative, more for the blends of yarn and llama3) of posenc's
+  in book/14_rope_scaling: ``(ln(base) + 6) * 2**-24`` relative, more for the blends of yarn and llama3) of posenc's
   float64 omega_i; the attention factor the same Python float;
 - rotations from positions: a peer's float32 angle is off by its frequencies' relative error times ``p * omega_i``
   plus the float32 product (``2**-24 * p``) and cosine, so the outputs by ``(p * (rel + 2**-23) + 2**-22)`` per unit

@@ -1,4 +1,4 @@
-"""posenc/_tables.py (book/18_deployment.ipynb): what may be kept in a module's table cache, and how it is filled."""
+"""posenc/_tables.py (book/19_deployment.ipynb): what may be kept in a module's table cache, and how it is filled."""
 
 import torch
 from torch import nn

@@ -2,7 +2,7 @@
 
 Checked against mpmath (float32 within 2^-24 of the exact values), against the recipes restated from their sources
 in tests/sincos_peers.py (DDPM, ADM/DiT, MAE/DiT, MoCo v3, Big Vision, DETR, NeRF), and for the structure the
-chapter (book/07_timesteps_and_grids.ipynb) and its reference page (book/16_sincos_conventions.ipynb) derive:
+chapter (book/07_timesteps_and_grids.ipynb) and its reference page (book/17_sincos_conventions.ipynb) derive:
 every grid convention a permutation or a schedule of one reference, the shortcut for expanded time steps, the
 modules' empty state, every bad input; and what a training loop, a compiler or an accelerator meets: every
 parameter at a non-default value against NumPy or mpmath, exact derivatives in half precision, torch.compile and

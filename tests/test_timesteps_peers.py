@@ -2,7 +2,7 @@
 
 Each peer computes in float32 (diffusers' 2-D and 3-D tables in float64 from float32 positions), so its output is
 compared with posenc's float64 values within its own float32 error, the bound ``float32_bound`` of
-tests/sincos_peers.py (eq-ts-float32 in book/16_sincos_conventions.ipynb), which is stated there and measured
+tests/sincos_peers.py (eq-ts-float32 in book/17_sincos_conventions.ipynb), which is stated there and measured
 here: the peers' actual error is reported to be nonzero and inside the bound, and a wrong convention lies far
 outside it. Which settings diffusers' models use is read from the installed package, as the chapter's tables say.
 """

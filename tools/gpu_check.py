@@ -10,7 +10,7 @@ It needs only a ``python3`` with torch and pytest: no project venv, no Jupyter. 
    the rotary benchmark (``benchmarks/bench_rotary.py --device cuda``, eager), which times posenc against the
    installed transformers: where transformers is not installed it is skipped and recorded as such;
 3. writes ``benchmarks/results/gpu-<date>.json``: the benchmark's figures, the test outcome, the device, the date
-   and the versions. book/10_gpu.ipynb and book/11_performance.ipynb display that file.
+   and the versions. book/11_gpu.ipynb and book/12_performance.ipynb display that file.
 
 Exit status 0 only when CUDA is available, no selected test failed and the benchmark finished. Without CUDA it
 writes nothing: GPU figures are recorded from a GPU or not at all.

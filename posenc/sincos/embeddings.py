@@ -219,7 +219,7 @@ def sincos_grid(
     of index i along an axis of size n is ``i / interpolation_scale``, or
     ``i * base_size / (n * interpolation_scale)`` with ``base_size`` (diffusers'
     keywords and rule). ``convention`` says how the channels are shared among
-    the axes (``book/16_sincos_conventions`` derives each from ``"mae"``):
+    the axes (``book/17_sincos_conventions`` derives each from ``"mae"``):
 
     - ``"mae"`` (MAE, DiT, diffusers' 2-D table): ``[w | h]`` for (H, W), s = 0;
       on n axes the last axis first, dim/n channels each.
@@ -270,6 +270,8 @@ def sincos_grid(
         shape, dim, convention, base, interpolation_scale, base_size, dtype, scale
     )
     tables, pieces = _grid_plan(convention, len(sizes), dim)
+    if torch._C._get_tracing_state() is not None:  # jit.trace, legacy ONNX export
+        return _grid_whole(sizes, dim, base, divisors, dtype, device, tables, pieces)
     out = torch.empty((*sizes, dim), dtype=dtype, device=device)
     for axis, (half, shift) in tables.items():
         i = torch.arange(sizes[axis], dtype=torch.float64, device=device)
@@ -292,6 +294,32 @@ def _place(target: Tensor, block: Tensor, axis: int, pieces: list) -> None:
             view[axis] = block.shape[0]
             piece = block[:, start:stop].reshape(view)
             target[..., column : column + stop - start] = piece
+
+
+def _grid_whole(
+    sizes: tuple[int, ...],
+    dim: int,
+    base: float,
+    divisors: tuple[float, ...],
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+    tables: dict,
+    pieces: list,
+) -> Tensor:
+    """``sincos_grid``'s ``[prod(sizes), dim]`` table as one concatenation, with no
+    in-place copy: what a trace records (the legacy ONNX exporter drops the
+    copies into an empty table). The same values as the chunked build, bit for bit."""
+    block = {}
+    for axis, (half, shift) in tables.items():
+        i = torch.arange(sizes[axis], dtype=torch.float64, device=device)
+        p = i / divisors[axis]
+        block[axis] = _round(_sincos(p, half, shift, base, False), dtype)
+    parts = []
+    for ax, start, stop, _ in sorted(pieces, key=lambda piece: piece[3]):
+        view = [1] * len(sizes) + [stop - start]
+        view[ax] = sizes[ax]
+        parts.append(block[ax][:, start:stop].reshape(view).expand(*sizes, -1))
+    return torch.cat(parts, -1).reshape(-1, dim)
 
 
 # 07_timesteps_and_grids.ipynb, cell 37: Two polarities of a mask

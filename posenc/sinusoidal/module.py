@@ -25,7 +25,7 @@ from posenc._checks import (
     in_torch_func,
     values_checkable,
 )
-from posenc._tables import fake
+from posenc._tables import assume_constant_result, cached_table, is_exporting
 from posenc.sinusoidal.encoding import (
     LAYOUTS,
     SCHEDULES,
@@ -270,21 +270,13 @@ class PositionalEncoding(nn.Module):
         settings = (self.d_model, self._base(), self.layout, self.frequencies)
         return _encoding_rows(p, *settings, dtype, chunked)
 
-    def _table(self, device: torch.device, dtype: torch.dtype) -> Tensor:
-        key = (device, dtype)
-        table = self._tables.get(key)
-        if table is None:
-            # Computed in float64 and rounded once to dtype. Threads racing here
-            # compute identical tables; the dict assignment is atomic, so a reader
-            # sees either no table or a complete one. torch.jit.trace: built outside
-            # the trace, so the first traced call records the same graph (a constant
-            # table read by a slice) as every later one
-            with _not_traced():
-                p = torch.arange(self.max_len, dtype=torch.float64, device=device)
-                table = self._rows(p, dtype)
-                table = table if self.batch_first else table.unsqueeze(1)
-            self._tables[key] = table
-        return table
+    def _build_table(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The rows of positions 0 .. max_len - 1, computed in float64 and rounded
+        once to ``dtype``: ``[max_len, d_model]``, or ``[max_len, 1, d_model]``
+        sequence-first (kept by ``posenc._tables.cached_table``)."""
+        p = torch.arange(self.max_len, dtype=torch.float64, device=device)
+        table = self._rows(p, dtype)
+        return table if self.batch_first else table.unsqueeze(1)
 
     def forward(
         self, x: Tensor, *, offset: int | Tensor = 0, positions: Tensor | None = None
@@ -357,14 +349,14 @@ class PositionalEncoding(nn.Module):
         else:
             if offset.__class__ is not int or not 0 <= offset <= MAX_POSITION:
                 offset = check_offset(offset)
-            end, compiling = offset + seq_len, torch.compiler.is_compiling()
-            # torch.export holds no table (checked first: no guard on end is recorded),
-            # nor a fake call (FakeTensorMode: nothing built from it may be kept)
-            kept = not (compiling and _is_exporting()) and end <= self.max_len
-            if kept and (compiling or not fake(x)):
-                if compiling:  # built while tracing, outside the graph, read as input
-                    _build_table_outside_graph(self, x.device, x.dtype)
-                out = x + self._table(x.device, x.dtype)[offset:end]
+            end = offset + seq_len
+            # the kept table of positions below max_len (none under torch.export,
+            # asked first so that no guard on end is recorded; none in a trace, for
+            # fake or meta tensors, in torch.func), or the rows of this call
+            within = not is_exporting() and end <= self.max_len
+            table = cached_table(self, x) if within else None
+            if table is not None:
+                out = x + table[offset:end]
             else:
                 out = self._past_the_cache(x, offset, end)
         if self.training and self.dropout.p > 0:
@@ -377,7 +369,9 @@ class PositionalEncoding(nn.Module):
         rows added into the output where no derivative is recorded (eager): the
         float64 temporaries never span the sequence."""
         p = torch.arange(offset, end, device=x.device).to(torch.float64)
+        # (a trace records no chunks: the legacy ONNX exporter drops out= writes)
         eager = not torch.compiler.is_compiling()
+        eager = eager and torch._C._get_tracing_state() is None
         if not (eager and x.is_contiguous() and _without_derivative(x)):
             rows = self._rows(p, x.dtype)
             return x + (rows if self.batch_first else rows.unsqueeze(1))
@@ -565,54 +559,7 @@ def _excess(
     return None
 
 
-# torch.export sets is_exporting(); torch < 2.4 lacks it, and there any compilation is
-# treated as an export.
-_is_exporting = getattr(torch.compiler, "is_exporting", torch.compiler.is_compiling)
-
-
-class _not_traced:
-    """Suspend torch.jit.trace's recording (a no-op when not tracing)."""
-
-    def __enter__(self) -> None:
-        self._state = torch._C._get_tracing_state()
-        if self._state is not None:
-            torch._C._set_tracing_state(None)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._state is not None:
-            torch._C._set_tracing_state(self._state)
-
-
-def _assume_constant_result(fn: Any) -> Any:
-    """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo.
-
-    The decorator only marks ``fn`` (the attribute dynamo reads when it traces a call);
-    applied at import time it would import torch._dynamo, two seconds of every
-    ``import posenc`` that never compiles. tests/test_compile.py checks that the mark
-    is the one torch's decorator sets.
-    """
-    fn._dynamo_marked_constant = True
-    return fn
-
-
-@_assume_constant_result
-def _build_table_outside_graph(
-    module: PositionalEncoding, device: torch.device, dtype: torch.dtype
-) -> bool:
-    """Fill ``module``'s cache for (device, dtype) when torch.compile traces
-    ``forward``, not inside the graph.
-
-    Dynamo runs this function eagerly while tracing and keeps only its (constant)
-    result, so the table is built once, in float64 rounded once, and the compiled graph
-    reads it as an input: a slice and an add, as in eager mode. Marked as a static
-    address so CUDA graphs do not copy it on every replay.
-    """
-    table = module._table(device, dtype)
-    torch._dynamo.mark_static_address(table)
-    return True
-
-
-@_assume_constant_result
+@assume_constant_result
 def _constant_base(module: PositionalEncoding) -> float:
     """``module.base`` as a constant of the traced graph (read-only after
     construction)."""

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -22,6 +23,7 @@ ROUTE = (
     "06_rotary",
     "07_timesteps_and_grids",
     "08_position_matters",
+    "09_context_extension",
 )
 ROUTE_CELL = 20
 ANY_CELL = 40
@@ -33,6 +35,7 @@ ROUTE_OVER = {
     "06_rotary": 3,
     "07_timesteps_and_grids": 0,
     "08_position_matters": 0,
+    "09_context_extension": 0,
 }
 HIDDEN = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
 CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
@@ -71,4 +74,38 @@ def test_no_visible_cell_is_over_40_lines(chapter: str) -> None:
     long = [c for c in visible_cells(chapter) if c[1] > ANY_CELL]
     assert not long, (
         f"book/{chapter}.ipynb shows code cells over {ANY_CELL} lines: {long}"
+    )
+
+
+#: Reading speed behind the time the introduction gives for the route, in words of prose a minute.
+WORDS_PER_MINUTE = 200
+
+
+def route_words() -> int:
+    """Words of prose a newcomer reads on the route after chapter 00, each chapter up to its *Going further* part."""
+    words = 0
+    for chapter in ROUTE[1:]:
+        nb = json.loads(
+            (ROOT / "book" / f"{chapter}.ipynb").read_text(encoding="utf-8")
+        )
+        for cell in nb["cells"]:
+            text = "".join(cell["source"])
+            if cell["cell_type"] != "markdown":
+                continue
+            if re.search(r"^## Going further", text, re.M):
+                break
+            words += len(text.split())
+    return words
+
+
+def test_the_introduction_names_the_route_and_its_length() -> None:
+    intro = (ROOT / "book" / "intro.md").read_text(encoding="utf-8")
+    route = intro[intro.index("**The newcomer route**") :].split("\n- ")[0]
+    named = re.findall(r"\{doc\}`(\d\d_\w+)`", route)
+    assert tuple(named) == ROUTE[1:], named
+    minutes = int(re.search(r"about (\d+) minutes", route).group(1))
+    measured = route_words() / WORDS_PER_MINUTE
+    assert abs(minutes - measured) <= 0.1 * measured, (
+        f"book/intro.md says the route takes about {minutes} minutes; its {route_words()} words read in "
+        f"{measured:.0f} at {WORDS_PER_MINUTE} words a minute: change the number"
     )
