@@ -493,13 +493,8 @@ VMAP: dict[str, Callable[[], tuple[Callable[..., Any], tuple[Tensor, ...]]]] = {
         (_per_sample_positions()[:, None],),
     ),
 }
-VMAP_KNOWN: dict[str, str] = {
-    name: (
-        'issue 35 #8: the table is filled in place by index_put_, which vmap cannot batch ("vmap: inplace '
-        'arithmetic ... is not possible")'
-    )
-    for name in ("offset_matrix",)
-}
+#: functions that vmap cannot batch today (none)
+VMAP_KNOWN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", known_params(VMAP, VMAP_KNOWN))

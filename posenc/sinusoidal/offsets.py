@@ -111,13 +111,21 @@ def offset_matrix(
         idx if idx is None or isinstance(idx, int) else idx.to(k.device)
         for idx in _pair_channels(d_model, layout, frequencies)
     )
-    shape = (*k.shape, d_model, d_model)
-    matrix = torch.zeros(shape, dtype=torch.float64, device=k.device)
+    # built [d, d, *k.shape] by out-of-place index_put (which torch.func.vmap can
+    # batch), then moved to [*k.shape, d, d]
+    matrix = torch.zeros(
+        (d_model, d_model, *k.shape), dtype=torch.float64, device=k.device
+    )
+    c, s = cos.movedim(-1, 0), sin.movedim(-1, 0)  # [m, *k.shape]
     # rows: new (sin, cos) of pair i; columns: old (sin, cos) of pair i
-    matrix[..., sin_idx, sin_idx] = cos
-    matrix[..., sin_idx, cos_idx] = sin
-    matrix[..., cos_idx, sin_idx] = -sin
-    matrix[..., cos_idx, cos_idx] = cos
-    if unpaired is not None:
-        matrix[..., unpaired, unpaired] = 1.0
-    return _round_once(matrix, dtype)
+    for rows, cols, value in (
+        (sin_idx, sin_idx, c),
+        (sin_idx, cos_idx, s),
+        (cos_idx, sin_idx, -s),
+        (cos_idx, cos_idx, c),
+    ):
+        matrix = matrix.index_put((rows, cols), value)
+    if unpaired is not None:  # the last channel of an odd d_model keeps its value
+        one = torch.ones((), dtype=torch.float64, device=k.device)
+        matrix[unpaired, unpaired] = one
+    return _round_once(matrix.movedim((0, 1), (-2, -1)), dtype)
