@@ -41,7 +41,7 @@ def storable(x: Tensor) -> bool:
     fake or meta ``x`` (nor under an active ``FakeTensorMode``), not inside
     ``torch.func`` (vmap, grad, jvp). Call it outside ``torch.compile`` only.
     """
-    if torch._C._get_tracing_state() is not None or is_exporting():
+    if torch.jit.is_tracing() or is_exporting():
         return False
     return not (x.device.type == "meta" or fake(x) or in_torch_func(x))
 

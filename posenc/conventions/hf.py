@@ -269,7 +269,7 @@ class HFRotaryEmbedding(nn.Module):
                 self._move(ids.device)
                 rows = self._rows[layer_type]
         rope_type = layout.params["rope_type"]
-        tracing = torch._C._get_tracing_state() is not None  # jit.trace, legacy ONNX
+        tracing = torch.jit.is_tracing()  # jit.trace, legacy ONNX
         if rope_type == "dynamic" and (is_exporting() or tracing):
             # an exported program or a trace would forget the state
             raise NotImplementedError(

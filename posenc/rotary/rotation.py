@@ -86,7 +86,7 @@ def _tables_at(
             positions, list(w), rope.description, list(s), rope.layout, dtype, length
         )
     # recorded (export, jit.trace, legacy ONNX) or in vmap: one block, not in place
-    whole = compiling or torch._C._get_tracing_state() is not None
+    whole = compiling or torch.jit.is_tracing()
     whole = whole or in_torch_func(positions)
     axes = len(rope.sections)
     flat = positions.reshape(axes, -1) if axes else positions.reshape(-1)

@@ -270,7 +270,7 @@ def sincos_grid(
         shape, dim, convention, base, interpolation_scale, base_size, dtype, scale
     )
     tables, pieces = _grid_plan(convention, len(sizes), dim)
-    if torch._C._get_tracing_state() is not None:  # jit.trace, legacy ONNX export
+    if torch.jit.is_tracing():  # jit.trace, legacy ONNX export
         return _grid_whole(sizes, dim, base, divisors, dtype, device, tables, pieces)
     out = torch.empty((*sizes, dim), dtype=dtype, device=device)
     for axis, (half, shift) in tables.items():

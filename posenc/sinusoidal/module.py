@@ -371,7 +371,7 @@ class PositionalEncoding(nn.Module):
         p = torch.arange(offset, end, device=x.device).to(torch.float64)
         # (a trace records no chunks: the legacy ONNX exporter drops out= writes)
         eager = not torch.compiler.is_compiling()
-        eager = eager and torch._C._get_tracing_state() is None
+        eager = eager and not torch.jit.is_tracing()
         if not (eager and x.is_contiguous() and _without_derivative(x)):
             rows = self._rows(p, x.dtype)
             return x + (rows if self.batch_first else rows.unsqueeze(1))
