@@ -4,105 +4,23 @@
 
 from __future__ import annotations
 
-__all__ = ["CLASSIC_TABLE_KEYS", "PositionalEncoding", "get_positional_encoding"]
+__all__ = ["PositionalEncoding", "get_positional_encoding"]
 
 # 02_module.ipynb, cell 11: The exported module
 
-import numbers
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import (
-    MAX_POSITION,
-    check_base,
-    check_choice,
-    check_computable,
-    check_count,
-    check_integer_tensor,
-    check_offset,
-    in_torch_func,
-    values_checkable,
-)
+from posenc._checks import check_count, in_torch_func
+from posenc._compat import ClassicCompat, dropout_probability
 from posenc._tables import assume_constant_result, cached_table, is_exporting
-from posenc.sinusoidal.encoding import (
-    LAYOUTS,
-    SCHEDULES,
-    _encode,
-    _encoding_rows,
-    _omega,
-    _row_ranges,
-    sinusoidal_encoding,
-)
-
-#: state_dict keys under which classic code saves its table: labml's
-#: EmbeddingsWithPositionalEncoding (its PositionalEncoding saves none) and the
-#: PyTorch tutorial's / spotpython's PositionalEncoding.
-CLASSIC_TABLE_KEYS = ("positional_encodings", "pe")
+from posenc.sinusoidal._args import check_forward, check_settings
+from posenc.sinusoidal.encoding import _encoding_rows, _row_ranges, sinusoidal_encoding
 
 
 # 02_module.ipynb, cell 12: The exported module
-def _check_dropout(dropout_prob: object, dropout: object) -> float:
-    """The dropout probability, given as ``dropout_prob`` (labml's and spotpython's
-    name) or ``dropout`` (the PyTorch tutorial's), not both; 0.0 if neither."""
-    if dropout_prob is not None and dropout is not None:
-        raise TypeError(
-            "give the dropout probability once, as dropout_prob (labml's and "
-            "spotpython's name) or dropout (the PyTorch tutorial's), not both; got "
-            f"dropout_prob={dropout_prob!r} and dropout={dropout!r}"
-        )
-    name, p = "dropout_prob", dropout_prob
-    if dropout is not None:
-        name, p = "dropout", dropout
-    if p is None:
-        return 0.0
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
-        raise TypeError(
-            f"{name} must be a float in [0, 1], got {p!r} of type "
-            f"{type(p).__name__}; pass e.g. {name}=0.1"
-        )
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(
-            f"{name} must be in [0, 1], got {p}; "
-            f"pass e.g. {name}=0.1 (0 disables dropout)"
-        )
-    return float(p)
-
-
-# 02_module.ipynb, cell 13: The exported module
-def _channel_frequencies(
-    d_model: int, base: float, layout: str, schedule: str
-) -> Tensor:
-    """ω of each channel of the table, in float64: ``[d_model]``."""
-    omega = _omega(d_model, base, schedule)
-    if layout == "interleaved":
-        return omega.repeat_interleave(2)[:d_model]
-    if schedule == "tensor2tensor" and d_model % 2:
-        return torch.cat((omega[:-1], omega[:-1], omega[-1:]))
-    return torch.cat((omega, omega[: d_model // 2]))
-
-
-def _without_derivative(x: Tensor) -> bool:
-    """Whether ``x + rows`` records no derivative (autograd, forward AD,
-    torch.func), so that the rows may be added into a new tensor in place."""
-    if (torch.is_grad_enabled() and x.requires_grad) or in_torch_func(x):
-        return False
-    return torch.autograd.forward_ad.unpack_dual(x).tangent is None
-
-
-#: How far the classic float32 recipe's angle p·ω_i may be off, in units of
-#: p·ω_i·2^-24: its ω_i = exp(2i·(-ln(base)/d)) carries the rounding of the
-#: constant and of the product (2·ln(base)·2^-24 relative, 18.4 at base 10^4) and
-#: of exp (2·2^-24), p·ω_i one more (2^-24): 21.4 at base 10^4, measured at most
-#: 9.9 on labml's and the PyTorch tutorial's tables (d_model <= 2048, p < 12,552).
-_CLASSIC_ANGLE_ULPS = 32
-
-
-#: The settings the cached tables follow, read-only after construction.
-_SETTINGS = ("d_model", "max_len", "base", "batch_first", "layout", "frequencies")
-
-
 def _setting(name: str, doc: str) -> property:
     """A read-only attribute: the cached tables follow the settings."""
 
@@ -116,8 +34,8 @@ def _setting(name: str, doc: str) -> property:
     return property(lambda module: module._settings[name], refuse, doc=doc)
 
 
-# 02_module.ipynb, cell 14: The exported module
-class PositionalEncoding(nn.Module):
+# 02_module.ipynb, cell 13: The exported module
+class PositionalEncoding(ClassicCompat, nn.Module):
     """Add the sinusoidal positional encoding to a batch of embeddings, then dropout.
 
     With the default ``layout`` and ``frequencies``, PE[p, 2i] = sin(p·ω_i) and
@@ -189,94 +107,14 @@ class PositionalEncoding(nn.Module):
         frequencies: str = "paper",
     ) -> None:
         super().__init__()
-        if not isinstance(batch_first, bool):
-            raise TypeError(f"batch_first must be a bool, got {batch_first!r}")
-        self._settings = {
-            "d_model": check_count("d_model", d_model, 1, "512", "the embedding width"),
-            "max_len": check_count(
-                "max_len", max_len, 1, "5000", "the number of cached positions"
-            ),
-            "base": check_base(base),
-            "batch_first": batch_first,
-            "layout": check_choice("layout", layout, LAYOUTS),
-            "frequencies": check_choice("frequencies", frequencies, SCHEDULES),
-        }
-        self.dropout = nn.Dropout(_check_dropout(dropout_prob, dropout))
+        self._settings = check_settings(
+            d_model, max_len, base, batch_first, layout, frequencies
+        )
+        self.dropout = nn.Dropout(dropout_probability(dropout_prob, dropout))
         # (device, dtype) -> table [max_len, 1, d_model] (sequence-first) or
         # [max_len, d_model] (batch-first). A plain dict, not a buffer: never in
         # state_dict, never broadcast by DDP, built once per key.
         self._tables: dict[tuple[torch.device, torch.dtype], Tensor] = {}
-
-    def extra_repr(self) -> str:
-        return (
-            f"d_model={self.d_model}, max_len={self.max_len}, base={self.base}, "
-            f"batch_first={self.batch_first}, layout={self.layout!r}, "
-            f"frequencies={self.frequencies!r}"
-        )
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The cache is derived data: pickles (torch.save(model), copy.deepcopy,
-        # multiprocessing) never carry it, so they stay small and a load with
-        # map_location cannot leave a table under a stale (device, dtype) key.
-        state = super().__getstate__()
-        state["_tables"] = {}
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # pickles written before the settings became read-only hold them as
-        # plain attributes
-        if "_settings" not in state:
-            state["_settings"] = {name: state.pop(name) for name in _SETTINGS}
-        super().__setstate__(state)
-        self._tables = {}  # also empties the cache of pickles that carried one
-
-    def __prepare_scriptable__(self) -> PositionalEncoding:
-        # torch.jit.script calls this on every submodule before compiling it
-        raise TypeError(
-            "torch.jit.script cannot compile posenc.PositionalEncoding (its forward "
-            "takes keyword-only offset and positions, and its per-device cache is a "
-            "dict of tensors). TorchScript is deprecated: use "
-            "torch.export.export(model, (x,)) for a graph, or "
-            "torch.jit.trace(model, (x,)), which works"
-        )
-
-    def encoding(
-        self,
-        positions: int | Tensor,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> Tensor:
-        """This module's encoding of ``positions`` (see
-        :func:`posenc.sinusoidal_encoding`).
-
-        Returns:
-            Tensor of shape ``[n, d_model]`` for an int ``n``,
-            ``[*positions.shape, d_model]`` for a tensor.
-        """
-        return sinusoidal_encoding(
-            positions, self.d_model, base=self._base(), dtype=dtype, device=device,
-            layout=self.layout, frequencies=self.frequencies,
-        )  # fmt: skip
-
-    def _base(self) -> float:
-        # torch.compile(dynamic=True) would trace the float `base` as a symbol; read
-        # it as the constant it is
-        return _constant_base(self) if torch.compiler.is_compiling() else self.base
-
-    def _rows(self, p: Tensor, dtype: torch.dtype, chunked: bool = True) -> Tensor:
-        """The encoding of float64 positions ``p``: ``[*p.shape, d_model]``, built
-        in chunks of positions unless ``chunked`` is False."""
-        settings = (self.d_model, self._base(), self.layout, self.frequencies)
-        return _encoding_rows(p, *settings, dtype, chunked)
-
-    def _build_table(self, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """The rows of positions 0 .. max_len - 1, computed in float64 and rounded
-        once to ``dtype``: ``[max_len, d_model]``, or ``[max_len, 1, d_model]``
-        sequence-first (kept by ``posenc._tables.cached_table``)."""
-        p = torch.arange(self.max_len, dtype=torch.float64, device=device)
-        table = self._rows(p, dtype)
-        return table if self.batch_first else table.unsqueeze(1)
 
     def forward(
         self, x: Tensor, *, offset: int | Tensor = 0, positions: Tensor | None = None
@@ -303,260 +141,116 @@ class PositionalEncoding(nn.Module):
         host) and under torch.compile or torch.export they are not read, and a
         negative one gives the encoding of that negative position.
         """
-        if not isinstance(x, Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 3:
-            layout = (
-                "[batch, seq_len, d_model]"
-                if self.batch_first
-                else "[seq_len, batch, d_model]"
-            )
-            hint = ""
-            if x.dim() == 2:
-                hint = (
-                    " (add the batch axis: x.unsqueeze(1), or x.unsqueeze(0) with "
-                    "batch_first=True)"
-                )
-            raise ValueError(
-                f"x must be 3-D {layout}, got shape {tuple(x.shape)}{hint}"
-            )
-        if x.shape[2] != self.d_model:
-            raise ValueError(
-                f"x's last dimension must be d_model={self.d_model}, "
-                f"got shape {tuple(x.shape)}; build "
-                f"PositionalEncoding(d_model={x.shape[2]}) or project x to width "
-                f"{self.d_model}"
-            )
-        if not x.is_floating_point():
-            raise TypeError(
-                f"x must be a floating tensor (embeddings), got dtype {x.dtype}; "
-                "convert with x.float()"
-            )
-        check_computable("x", x, "convert with x.float()")
-        seq_len = x.shape[1 if self.batch_first else 0]
-        if positions is not None:
-            if offset.__class__ is not int or offset != 0:
-                raise ValueError(
-                    "pass either offset or positions, not both "
-                    f"(got offset={offset!r}): positions already give every token's "
-                    "position; add the offset to them instead (positions + offset)"
-                )
-            out = x + self._explicit(positions, x, seq_len)
-        elif isinstance(offset, Tensor) and not values_checkable(offset):
-            # a tensor offset whose value is not read here (GPU, compile): the
-            # positions offset + 0, 1, ..., computed on the device
-            out = x + self._explicit(_offset_positions(offset, x, seq_len), x, seq_len)
-        else:
-            if offset.__class__ is not int or not 0 <= offset <= MAX_POSITION:
-                offset = check_offset(offset)
-            end = offset + seq_len
-            # the kept table of positions below max_len (none under torch.export,
-            # asked first so that no guard on end is recorded; none in a trace, for
-            # fake or meta tensors, in torch.func), or the rows of this call
+        start = check_forward(x, offset, positions, self.d_model, self.batch_first)
+        if isinstance(start, Tensor):  # a position per token: rows for this call
+            out = x + self._rows_at(start, x)
+        else:  # the positions start, start + 1, ..., end - 1
+            end = start + x.shape[1 if self.batch_first else 0]
+            # the kept table (none under torch.export, asked first so that no guard
+            # on end is recorded; none in a trace, for fake or meta tensors, in
+            # torch.func), or rows computed for this call
             within = not is_exporting() and end <= self.max_len
             table = cached_table(self, x) if within else None
             if table is not None:
-                out = x + table[offset:end]
+                out = x + table[start:end]
             else:
-                out = self._past_the_cache(x, offset, end)
+                out = _past_the_cache(self, x, start, end)
         if self.training and self.dropout.p > 0:
             out = self.dropout(out)
         return out
 
-    def _past_the_cache(self, x: Tensor, offset: int, end: int) -> Tensor:
-        """``x`` plus the rows of positions ``offset .. end - 1``, computed for this
-        call (nothing is stored; in an exported program, every row), in chunks of
-        rows added into the output where no derivative is recorded (eager): the
-        float64 temporaries never span the sequence."""
-        p = torch.arange(offset, end, device=x.device).to(torch.float64)
-        # (a trace records no chunks: the legacy ONNX exporter drops out= writes)
-        eager = not torch.compiler.is_compiling()
-        eager = eager and not torch.jit.is_tracing()
-        if not (eager and x.is_contiguous() and _without_derivative(x)):
-            rows = self._rows(p, x.dtype)
-            return x + (rows if self.batch_first else rows.unsqueeze(1))
-        axis = 1 if self.batch_first else 0
-        out = torch.empty_like(x)
-        for start, stop in _row_ranges(
-            end - offset, self.d_model, (end - offset) * self.d_model * x.dtype.itemsize
-        ):
-            rows = self._rows(p[start:stop], x.dtype, chunked=False)
-            rows = rows if self.batch_first else rows.unsqueeze(1)
-            span = (axis, start, stop - start)
-            torch.add(x.narrow(*span), rows, out=out.narrow(*span))
-        return out
-
-    def _explicit(self, positions: Tensor, x: Tensor, seq_len: int) -> Tensor:
-        if not isinstance(positions, Tensor):
-            raise TypeError(
-                "positions must be an integer tensor [seq_len] or [batch, seq_len], "
-                f"got {type(positions).__name__}"
-            )
-        batch = x.shape[0 if self.batch_first else 1]
-        # dims compared one by one: comparing whole shapes would tie a symbolic
-        # seq_len to batch under export
-        shared = positions.dim() == 1 and positions.shape[0] == seq_len
-        if not (
-            shared
-            or (
-                positions.dim() == 2
-                and positions.shape[0] == batch
-                and positions.shape[1] == seq_len
-            )
-        ):
-            order = (
-                "x is [batch, seq_len, d_model]"
-                if self.batch_first
-                else "x is [seq_len, batch, d_model]"
-            )
-            raise ValueError(
-                f"positions must have shape [seq_len]=({seq_len},) or "
-                f"[batch, seq_len]=({batch}, {seq_len}) ({order}, shape "
-                f"{tuple(x.shape)}), got {tuple(positions.shape)}"
-            )
-        check_integer_tensor(
-            "positions",
-            positions,
-            "pass token indices, e.g. torch.arange(seq_len); for continuous "
-            "positions such as diffusion time steps use posenc.timestep_embedding",
-        )
-        # read only where it costs nothing (not on a GPU, not while compiling)
-        if values_checkable(positions) and positions.numel():
-            low = int(positions.min())
-            if low < 0:
-                raise ValueError(
-                    f"positions must be >= 0, got a minimum of {low}; shift them, "
-                    "e.g. positions - positions.min()"
-                )
-        p = positions.to(device=x.device, dtype=torch.float64)
-        pe = self._rows(p, x.dtype)  # [S, D] or [B, S, D]
-        if positions.dim() == 1:
-            return pe if self.batch_first else pe.unsqueeze(1)
-        return pe if self.batch_first else pe.transpose(0, 1)
-
-    def _load_from_state_dict(
+    def encoding(
         self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        # Checkpoints of the classic modules carry their table: one that is this
-        # module's encoding is dropped, anything else is an error (its values would
-        # be lost)
-        for key in CLASSIC_TABLE_KEYS:
-            if prefix + key in state_dict:
-                problem = self._foreign_table(state_dict.pop(prefix + key))
-                if problem is not None:
-                    error_msgs.append(f"{prefix + key}: {problem}")
-        super()._load_from_state_dict(
-            state_dict,
-            prefix,
-            local_metadata,
-            strict,
-            missing_keys,
-            unexpected_keys,
-            error_msgs,
-        )
+        positions: int | Tensor,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> Tensor:
+        """This module's encoding of ``positions`` (see
+        :func:`posenc.sinusoidal_encoding`).
 
-    def _foreign_table(self, table: object) -> str | None:
-        """Why a checkpoint's table cannot be dropped, or None when it is this
-        module's encoding to within the classic float32 recipe's rounding."""
-        keep = (
-            "; to keep trained values, load them into a module that holds them (e.g. "
-            "an nn.Embedding of positions); to discard them, delete the key from the "
-            "state_dict before loading"
-        )
-        expected = (
-            "expected a positional table, a floating tensor [max_len, 1, d_model] "
-            "(or [max_len, d_model]), got "
-        )
-        if not isinstance(table, Tensor):
-            return expected + f"a {type(table).__name__}" + keep
-        shape, rows = tuple(table.shape), table.detach()
-        if rows.dim() == 3 and 1 in shape[:2]:  # [max_len, 1, d] or [1, max_len, d]
-            rows = rows.reshape(shape[0] * shape[1], shape[2])
-        if rows.dim() != 2 or not rows.is_floating_point():
-            got = f"a tensor of shape {shape} and dtype {table.dtype}"
-            return expected + got + keep
-        if rows.shape[1] != self.d_model:
-            return (
-                f"the checkpoint's positional table has width {rows.shape[1]}, "
-                f"this module has d_model={self.d_model}; build "
-                f"PositionalEncoding(d_model={rows.shape[1]}) for it, or delete the "
-                "key from the state_dict to discard it"
-            )
-        from torch._subclasses.fake_tensor import is_fake
+        Returns:
+            Tensor of shape ``[n, d_model]`` for an int ``n``,
+            ``[*positions.shape, d_model]`` for a tensor.
+        """
+        return sinusoidal_encoding(
+            positions, self.d_model, base=self._base(), dtype=dtype, device=device,
+            layout=self.layout, frequencies=self.frequencies,
+        )  # fmt: skip
 
-        if rows.device.type == "meta" or is_fake(rows):
-            return None  # no values to compare, none to lose
-        own = (self.layout, self.frequencies)
-        excess = _excess(rows, self.d_model, self.base, *own)
-        if excess is None:
-            return None
-        value, p, channel = excess
-        hint = ""
-        for layout, schedule in ((a, b) for a in LAYOUTS for b in SCHEDULES):
-            if (layout, schedule) != own and _excess(
-                rows, self.d_model, self.base, layout, schedule
-            ) is None:  # fmt: skip
-                hint = (
-                    f"; it is the encoding with layout={layout!r}, "
-                    f"frequencies={schedule!r}: build PositionalEncoding with those"
-                )
+    def _rows(self, p: Tensor, dtype: torch.dtype, chunked: bool = True) -> Tensor:
+        """The encoding of float64 positions ``p``: ``[*p.shape, d_model]``, built
+        in chunks of positions unless ``chunked`` is False."""
+        settings = (self.d_model, self._base(), self.layout, self.frequencies)
+        return _encoding_rows(p, *settings, dtype, chunked)
+
+    def _rows_at(self, positions: Tensor, x: Tensor) -> Tensor:
+        """The rows of integer ``positions`` ``[seq_len]`` or ``[batch, seq_len]``,
+        in ``x``'s layout, on its device and in its dtype."""
+        pe = self._rows(positions.to(device=x.device, dtype=torch.float64), x.dtype)
+        if self.batch_first:
+            return pe  # [seq_len, d_model] or [batch, seq_len, d_model]
+        return pe.unsqueeze(1) if positions.dim() == 1 else pe.transpose(0, 1)
+
+    def _build_table(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The rows of positions 0 .. max_len - 1, computed in float64 and rounded
+        once to ``dtype``: ``[max_len, d_model]``, or ``[max_len, 1, d_model]``
+        sequence-first (kept by ``posenc._tables.cached_table``)."""
+        p = torch.arange(self.max_len, dtype=torch.float64, device=device)
+        table = self._rows(p, dtype)
+        return table if self.batch_first else table.unsqueeze(1)
+
+    def _base(self) -> float:
+        # torch.compile(dynamic=True) would trace the float `base` as a symbol; read
+        # it as the constant it is
+        return _constant_base(self) if torch.compiler.is_compiling() else self.base
+
+    def extra_repr(self) -> str:
         return (
-            "the checkpoint's table is not this module's sinusoidal encoding (it "
-            f"differs by {value:.3g} at position {p}, channel {channel}, beyond the "
-            "classic float32 recipe's rounding), so loading would discard its values"
-            + hint
-            + keep
+            f"d_model={self.d_model}, max_len={self.max_len}, base={self.base}, "
+            f"batch_first={self.batch_first}, layout={self.layout!r}, "
+            f"frequencies={self.frequencies!r}"
         )
 
-
-def _offset_positions(offset: Tensor, x: Tensor, seq_len: int) -> Tensor:
-    """``offset, offset + 1, ...`` on ``x``'s device, for a 0-d integer tensor
-    ``offset`` whose value is not read: ``[seq_len]``."""
-    if offset.dim() != 0 or offset.is_floating_point() or offset.is_complex() or (
-        offset.dtype == torch.bool
-    ):  # fmt: skip
-        raise TypeError(
-            "offset must be an int >= 0 or a 0-d integer tensor (the position of "
-            f"the first token), got a tensor of shape {tuple(offset.shape)} and "
-            f"dtype {offset.dtype}"
-        )
-    return torch.arange(seq_len, device=x.device) + offset.to(x.device)
+    def __getstate__(self) -> dict[str, Any]:
+        # The cache is derived data: pickles (torch.save(model), copy.deepcopy,
+        # multiprocessing) never carry it, so they stay small and a load with
+        # map_location cannot leave a table under a stale (device, dtype) key.
+        return {**super().__getstate__(), "_tables": {}}
 
 
-def _excess(
-    rows: Tensor, d_model: int, base: float, layout: str, schedule: str
-) -> tuple[float, int, int] | None:
-    """Where a saved table ``[n, d_model]`` leaves the encoding of positions
-    ``0 .. n-1`` by more than the classic float32 recipe's rounding: the
-    largest deviation in the first rows that do, its position and channel;
-    None if nowhere.
+# 02_module.ipynb, cell 14: The exported module
+def _past_the_cache(
+    module: PositionalEncoding, x: Tensor, offset: int, end: int
+) -> Tensor:
+    """``x`` plus the rows of positions ``offset .. end - 1``, computed for this
+    call (nothing is stored; in an exported program, every row), in chunks of
+    rows added into the output where no derivative is recorded (eager): the
+    float64 temporaries never span the sequence."""
+    p = torch.arange(offset, end, device=x.device).to(torch.float64)
+    # (a trace records no chunks: the legacy ONNX exporter drops out= writes)
+    eager = not torch.compiler.is_compiling()
+    eager = eager and not torch.jit.is_tracing()
+    if not (eager and x.is_contiguous() and _without_derivative(x)):
+        rows = module._rows(p, x.dtype)
+        return x + (rows if module.batch_first else rows.unsqueeze(1))
+    axis = 1 if module.batch_first else 0
+    out = torch.empty_like(x)
+    size = (end - offset) * module.d_model * x.dtype.itemsize
+    for start, stop in _row_ranges(end - offset, module.d_model, size):
+        rows = module._rows(p[start:stop], x.dtype, chunked=False)
+        rows = rows if module.batch_first else rows.unsqueeze(1)
+        span = (axis, start, stop - start)
+        torch.add(x.narrow(*span), rows, out=out.narrow(*span))
+    return out
 
-    The bound at position p and channel c is (32·p·ω_c + 2)·2^-24 (the classic
-    recipe's float32 angle and sine, see ``_CLASSIC_ANGLE_ULPS``), plus half an
-    ulp of 1 in the table's dtype when that is narrower than float32 (a classic
-    model cast with ``.half()``).
-    """
-    omega = _channel_frequencies(d_model, base, layout, schedule).to(rows.device)
-    narrow = torch.finfo(rows.dtype).eps / 2 if rows.dtype.itemsize < 4 else 0.0
-    for start, stop in _row_ranges(rows.shape[0], d_model, rows.shape[0] * d_model * 8):
-        p = torch.arange(start, stop, device=rows.device).to(torch.float64)
-        error = (
-            rows[start:stop].double() - _encode(p, d_model, base, layout, schedule)
-        ).abs()
-        bound = (_CLASSIC_ANGLE_ULPS * p.unsqueeze(1) * omega + 2) * 2.0**-24 + narrow
-        beyond = ~(error <= bound)  # NaN too
-        if bool(beyond.any()):
-            ranked = torch.where(beyond, error.nan_to_num(nan=float("inf")), -1.0)
-            row, channel = divmod(int(ranked.argmax()), d_model)
-            return float(error[row, channel]), start + row, channel
-    return None
+
+def _without_derivative(x: Tensor) -> bool:
+    """Whether ``x + rows`` records no derivative (autograd, forward AD,
+    torch.func), so that the rows may be added into a new tensor in place."""
+    if (torch.is_grad_enabled() and x.requires_grad) or in_torch_func(x):
+        return False
+    return torch.autograd.forward_ad.unpack_dual(x).tangent is None
 
 
 @assume_constant_result
