@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-__all__ = ["check_detr_args", "check_grid_args", "check_timestep_args"]
+__all__ = ["GRID_AXES", "check_detr_args", "check_grid_args", "check_timestep_args"]
 
-# 07_timesteps_and_grids.ipynb, cell 43: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 47: Argument checks
 
 import math
 import operator
@@ -32,10 +32,10 @@ _TIMESTEP_DTYPES = (
 )  # fmt: skip
 
 #: The grid axes each ``sincos_grid`` convention is defined for (None: any).
-_GRID_AXES = {"mae": None, "big_vision": 2, "mocov3": 2, "timm": 2, "diffusers_3d": 3}
+GRID_AXES = {"mae": None, "big_vision": 2, "mocov3": 2, "timm": 2, "diffusers_3d": 3}
 
 
-# 07_timesteps_and_grids.ipynb, cell 44: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 48: Argument checks
 def check_timestep_args(
     timesteps: object,
     dim: object,
@@ -57,7 +57,7 @@ def check_timestep_args(
     return t, dim, flip, shift, scale, max_period, dtype
 
 
-# 07_timesteps_and_grids.ipynb, cell 45: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 49: Argument checks
 def _check_timesteps(timesteps: object, scale: float = 1.0) -> Tensor:
     """A real 1-D tensor of finite time steps >= 0 whose largest angle
     ``scale * t`` is finite: ``[N]`` (values read only where
@@ -103,7 +103,7 @@ def _check_timesteps(timesteps: object, scale: float = 1.0) -> Tensor:
     return timesteps
 
 
-# 07_timesteps_and_grids.ipynb, cell 46: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 50: Argument checks
 def _check_freq_args(
     dim: object, shift: object, scale: object, max_period: object, name: str = "dim"
 ) -> tuple[int, float, float, float]:
@@ -132,7 +132,7 @@ def _check_freq_args(
     return dim, shift, scale, max_period
 
 
-# 07_timesteps_and_grids.ipynb, cell 47: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 51: Argument checks
 def check_grid_args(
     shape: object,
     dim: object,
@@ -147,7 +147,7 @@ def check_grid_args(
     dtype)``, ``divisors`` being what each axis's positions are divided by."""
     sizes = _check_shape(shape)
     dim = check_count("dim", dim, 1, "768")
-    check_choice("convention", convention, tuple(_GRID_AXES))
+    check_choice("convention", convention, tuple(GRID_AXES))
     base = check_real(
         "base", base, above=1.0, why="the base of the frequencies", example="10000.0"
     )
@@ -157,7 +157,7 @@ def check_grid_args(
     return sizes, dim, base, divisors, dtype
 
 
-# 07_timesteps_and_grids.ipynb, cell 48: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 52: Argument checks
 def _check_shape(shape: object) -> tuple[int, ...]:
     """``shape`` as a tuple of ints >= 1, one per grid axis."""
     fix = "pass e.g. shape=(16, 16), or (T, H, W) for frames"
@@ -188,7 +188,7 @@ def _check_shape(shape: object) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-# 07_timesteps_and_grids.ipynb, cell 49: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 53: Argument checks
 def _per_axis(name: str, value: object, n_axes: int, why: str) -> tuple[float, ...]:
     """One finite number > 0, or one per grid axis: a tuple of ``n_axes``."""
     if isinstance(value, Sequence) and not isinstance(value, str):
@@ -203,7 +203,7 @@ def _per_axis(name: str, value: object, n_axes: int, why: str) -> tuple[float, .
     return (check_real(name, value, above=0.0, why=why, example="1.0"),) * n_axes
 
 
-# 07_timesteps_and_grids.ipynb, cell 50: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 54: Argument checks
 def _grid_divisors(
     sizes: tuple[int, ...],
     interpolation_scale: object,
@@ -244,11 +244,11 @@ def _grid_divisors(
     return divisors
 
 
-# 07_timesteps_and_grids.ipynb, cell 51: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 55: Argument checks
 def _check_grid_dim(convention: str, n_axes: int, dim: int) -> None:
     """A grid of ``n_axes`` axes and ``dim`` channels that ``convention``
     can share out: the axes it is defined for, channels it can split."""
-    needed = _GRID_AXES[convention]
+    needed = GRID_AXES[convention]
     if needed is not None and n_axes != needed:
         grid = "(H, W)" if needed == 2 else "(T, H, W)"
         raise ValueError(
@@ -272,7 +272,7 @@ def _check_grid_dim(convention: str, n_axes: int, dim: int) -> None:
         )
 
 
-# 07_timesteps_and_grids.ipynb, cell 52: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 56: Argument checks
 def check_detr_args(
     mask: object,
     pixel_mask: object,
@@ -317,7 +317,7 @@ def check_detr_args(
     return image, num_pos_feats, temperature, normalize, scale, eps, dtype
 
 
-# 07_timesteps_and_grids.ipynb, cell 53: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 57: Argument checks
 def _check_masks(mask: object, pixel_mask: object) -> Tensor:
     """``[batch, height, width]`` bool, True on the image (not padding), from
     exactly one of DETR's ``mask`` or Hugging Face's ``pixel_mask``."""
@@ -360,7 +360,7 @@ def _check_masks(mask: object, pixel_mask: object) -> Tensor:
     return image
 
 
-# 07_timesteps_and_grids.ipynb, cell 54: Argument checks
+# 07_timesteps_and_grids.ipynb, cell 58: Argument checks
 def _check_polarity(name: str, given: Tensor, image: Tensor, fix: str) -> None:
     """DETR and Hugging Face put each image at the top left of its padded
     canvas: a mask whose top-left pixel is padding while the rest of that

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from posenc._checks import in_torch_func
 from posenc.sincos._args import (
-    _GRID_AXES,
+    GRID_AXES,
     check_detr_args,
     check_grid_args,
     check_timestep_args,
@@ -29,6 +29,7 @@ from posenc.sincos._args import (
 from posenc.sinusoidal.encoding import _round_once, _row_ranges
 
 
+# 07_timesteps_and_grids.ipynb, cell 11: One axis: the reference
 def _sincos(p: Tensor, half: int, shift: float, base: float, cos_first: bool) -> Tensor:
     """The reference on one axis, in float64: ``[*p.shape, 2 half]``.
 
@@ -44,7 +45,7 @@ def _sincos(p: Tensor, half: int, shift: float, base: float, cos_first: bool) ->
     return torch.cat((cos, sin) if cos_first else (sin, cos), dim=-1)
 
 
-# 07_timesteps_and_grids.ipynb, cell 23: Rounded once, in chunks
+# 07_timesteps_and_grids.ipynb, cell 24: Rounded once, in chunks
 def _round(x: Tensor, dtype: torch.dtype) -> Tensor:
     """Float64 ``x`` rounded once to ``dtype``; its derivative passes unrounded.
 
@@ -63,7 +64,7 @@ def _round(x: Tensor, dtype: torch.dtype) -> Tensor:
     return _round_once(x.detach(), dtype) + (x - x.detach()).to(dtype)
 
 
-# 07_timesteps_and_grids.ipynb, cell 25: Rounded once, in chunks
+# 07_timesteps_and_grids.ipynb, cell 26: Rounded once, in chunks
 def _table(
     n_rows: int,
     row_shape: tuple[int, ...],
@@ -84,7 +85,7 @@ def _table(
     return out
 
 
-# 07_timesteps_and_grids.ipynb, cell 27: Rounded once, in chunks
+# 07_timesteps_and_grids.ipynb, cell 28: The time-step embedding
 def timestep_embedding(
     timesteps: Tensor,
     dim: int,
@@ -162,11 +163,12 @@ def timestep_embedding(
     return emb.expand(n, dim).contiguous() if expanded else emb
 
 
-# 07_timesteps_and_grids.ipynb, cell 33: The grid libraries' channel layouts
+# 07_timesteps_and_grids.ipynb, cell 34: The grid libraries' channel layouts
 #: ``sincos_grid`` conventions: how the channels of a grid are shared among its axes.
-GRID_CONVENTIONS = tuple(_GRID_AXES)
+GRID_CONVENTIONS = tuple(GRID_AXES)
 
 
+# 07_timesteps_and_grids.ipynb, cell 35: The grid libraries' channel layouts
 def _grid_plan(
     convention: str, n_axes: int, dim: int
 ) -> tuple[dict[int, tuple[int, float]], list[tuple[int, int, int, int]]]:
@@ -199,7 +201,7 @@ def _grid_plan(
     return tables, [(*piece, c) for piece, c in zip(pieces, columns)]
 
 
-# 07_timesteps_and_grids.ipynb, cell 34: The grid libraries' channel layouts
+# 07_timesteps_and_grids.ipynb, cell 37: One table per axis
 def sincos_grid(
     shape: Sequence[int],
     dim: int,
@@ -272,6 +274,23 @@ def sincos_grid(
     tables, pieces = _grid_plan(convention, len(sizes), dim)
     if torch.jit.is_tracing():  # jit.trace, legacy ONNX export
         return _grid_whole(sizes, dim, base, divisors, dtype, device, tables, pieces)
+    return _grid_chunked(sizes, dim, base, divisors, dtype, device, tables, pieces)
+
+
+# 07_timesteps_and_grids.ipynb, cell 38: One table per axis
+def _grid_chunked(
+    sizes: tuple[int, ...],
+    dim: int,
+    base: float,
+    divisors: tuple[float, ...],
+    dtype: torch.dtype,
+    device: torch.device | str | None,
+    tables: dict,
+    pieces: list,
+) -> Tensor:
+    """``sincos_grid``'s ``[prod(sizes), dim]`` table, one axis at a time in chunks
+    of that axis's rows: each chunk of the axis's table, rounded once, is copied
+    to the tokens at those positions."""
     out = torch.empty((*sizes, dim), dtype=dtype, device=device)
     for axis, (half, shift) in tables.items():
         i = torch.arange(sizes[axis], dtype=torch.float64, device=device)
@@ -283,7 +302,6 @@ def sincos_grid(
     return out.view(-1, dim)
 
 
-# 07_timesteps_and_grids.ipynb, cell 35: The grid libraries' channel layouts
 def _place(target: Tensor, block: Tensor, axis: int, pieces: list) -> None:
     """Copy ``block``, rows of ``axis``'s table, into the tokens ``target`` at
     those positions: each piece ``(axis, start, stop, column)`` of that axis,
@@ -296,6 +314,7 @@ def _place(target: Tensor, block: Tensor, axis: int, pieces: list) -> None:
             target[..., column : column + stop - start] = piece
 
 
+# 07_timesteps_and_grids.ipynb, cell 39: One table per axis
 def _grid_whole(
     sizes: tuple[int, ...],
     dim: int,
@@ -322,7 +341,7 @@ def _grid_whole(
     return torch.cat(parts, -1).reshape(-1, dim)
 
 
-# 07_timesteps_and_grids.ipynb, cell 37: Two polarities of a mask
+# 07_timesteps_and_grids.ipynb, cell 41: Two polarities of a mask
 def _pixel_positions(image: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """DETR's positions of the pixels of ``image`` (bool ``[batch, height,
     width]``, True on the image): ``(y, x, y_end, x_end)``, int32.
@@ -340,7 +359,7 @@ def _pixel_positions(image: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return y, x, y_end, x_end
 
 
-# 07_timesteps_and_grids.ipynb, cell 38: Two polarities of a mask
+# 07_timesteps_and_grids.ipynb, cell 42: Two polarities of a mask
 def _sin_cos_pairs(pos: Tensor, omega: Tensor) -> Tensor:
     """``[*pos.shape, 2 len(omega)]``: sin(pos ω_i), cos(pos ω_i) interleaved."""
     theta = pos.unsqueeze(-1) * omega  # [*pos.shape, F / 2]
@@ -348,7 +367,7 @@ def _sin_cos_pairs(pos: Tensor, omega: Tensor) -> Tensor:
     return pairs.flatten(-2)  # sin, cos, sin, cos, ...
 
 
-# 07_timesteps_and_grids.ipynb, cell 39: Two polarities of a mask
+# 07_timesteps_and_grids.ipynb, cell 43: Two polarities of a mask
 def detr_sine_encoding(
     mask: Tensor | None = None,
     num_pos_feats: int = 64,

@@ -4,7 +4,14 @@
 
 from __future__ import annotations
 
-__all__ = ["CHUNK_BYTES", "LAYOUTS", "SCHEDULES", "frequencies", "sinusoidal_encoding"]
+__all__ = [
+    "CHUNK_BYTES",
+    "LAYOUTS",
+    "SCHEDULES",
+    "check_table_args",
+    "frequencies",
+    "sinusoidal_encoding",
+]
 
 # 01_derivation.ipynb, cell 66: The exported functions
 
@@ -24,17 +31,10 @@ from posenc._checks import (
 
 LAYOUTS = ("interleaved", "concat")
 SCHEDULES = ("paper", "tensor2tensor")
-#: The least working memory, in bytes, a table build may use at once besides
-#: its result: larger tables are built in blocks of rows whose float64
-#: temporaries stay within max(CHUNK_BYTES, a quarter of the result).
-CHUNK_BYTES = 8 * 2**20
-# bytes of float64 temporaries per entry of a block (angle, sine, cosine, their
-# interleaving and the rounding), an upper estimate
-_WORK_BYTES = 48
 
 
-# 01_derivation.ipynb, cell 67: The exported functions
-def _check_table_args(
+# 01_derivation.ipynb, cell 68: Argument checks
+def check_table_args(
     d_model: object,
     base: object,
     layout: object,
@@ -55,7 +55,7 @@ def _check_table_args(
     return d_model, base
 
 
-# 01_derivation.ipynb, cell 69: The exported functions
+# 01_derivation.ipynb, cell 70: The frequencies
 def frequencies(
     d_model: int,
     *,
@@ -112,7 +112,7 @@ def _omega(d_model: int, base: float, schedule: str) -> Tensor:
     return omega
 
 
-# 01_derivation.ipynb, cell 73: The exported functions
+# 01_derivation.ipynb, cell 74: The formula
 def _encode(
     p: Tensor,
     d_model: int,
@@ -136,7 +136,7 @@ def _encode(
     return torch.cat((sin, cos[..., : d_model // 2]), dim=-1)
 
 
-# 01_derivation.ipynb, cell 75: The exported functions
+# 01_derivation.ipynb, cell 76: The public function
 def sinusoidal_encoding(
     positions: int | Tensor,
     d_model: int,
@@ -185,7 +185,19 @@ def sinusoidal_encoding(
             another argument has the wrong type.
         ValueError: a negative position, or another argument out of range.
     """
-    d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
+    d_model, base = check_table_args(d_model, base, layout, frequencies, dtype)
+    p = _float64_positions(positions, d_model, device)
+    return _encoding_rows(p, d_model, base, layout, frequencies, dtype)
+
+
+# 01_derivation.ipynb, cell 77: The public function
+def _float64_positions(
+    positions: int | Tensor, d_model: int, device: torch.device | str | None
+) -> Tensor:
+    """``positions``, a count n or an integer tensor of positions >= 0, checked
+    and made float64 positions on ``device`` (default: the device of
+    ``positions``, the CPU for an int): ``[n]`` or ``[*positions.shape]``.
+    ``d_model`` goes into the message that refuses floating positions."""
     if isinstance(positions, Tensor):
         check_integer_tensor(
             "positions",
@@ -207,48 +219,33 @@ def sinusoidal_encoding(
                 f"positions must be >= 0, got a minimum of {int(positions.min())}; "
                 "shift them, e.g. positions - positions.min()"
             )
-        p = positions.to(
+        return positions.to(
             device=device if device is not None else positions.device,
             dtype=torch.float64,
         )
-    else:
-        positions = check_int(
-            "positions",
-            positions,
-            "pass e.g. positions=128 or positions=torch.arange(128)",
-        )
-        if positions < 0:
-            raise ValueError(
-                f"positions must be >= 0 when given as a count n, got {positions}"
-            )
-        p = torch.arange(positions, dtype=torch.float64, device=device)
-    return _encoding_rows(p, d_model, base, layout, frequencies, dtype)
-
-
-# 01_derivation.ipynb, cell 77: The exported functions
-def _round_once(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """Round float64 ``x`` to ``dtype`` once (to nearest, ties to even).
-
-    ``Tensor.to`` converts float64 to float16 and bfloat16 through float32,
-    rounding twice. Rounding first to float32 *to odd* (towards zero, then
-    setting the last bit of inexact results) makes the two roundings equal to
-    one, since float32 carries at least two more bits than either target
-    (Boldo and Melquiond, 2008). Returns a tensor of the shape of ``x``.
-    """
-    if dtype not in (torch.float16, torch.bfloat16):
-        # float64 -> float32 (or float64) is a single rounding
-        return x.to(dtype)
-    y = x.to(torch.float32)
-    # round to odd: step back towards zero where rounding went away from
-    # it, then make inexact results odd
-    y = torch.where(
-        y.double().abs() > x.abs(), torch.nextafter(y, torch.zeros_like(y)), y
+    positions = check_int(
+        "positions",
+        positions,
+        "pass e.g. positions=128 or positions=torch.arange(128)",
     )
-    return torch.where(
-        y.double() != x, (y.view(torch.int32) | 1).view(torch.float32), y
-    ).to(dtype)
+    if positions < 0:
+        raise ValueError(
+            f"positions must be >= 0 when given as a count n, got {positions}"
+        )
+    return torch.arange(positions, dtype=torch.float64, device=device)
 
 
+# 01_derivation.ipynb, cell 79: In blocks of positions
+#: The least working memory, in bytes, a table build may use at once besides
+#: its result: larger tables are built in blocks of rows whose float64
+#: temporaries stay within max(CHUNK_BYTES, a quarter of the result).
+CHUNK_BYTES = 8 * 2**20
+# bytes of float64 temporaries per entry of a block (angle, sine, cosine, their
+# interleaving and the rounding), an upper estimate
+_WORK_BYTES = 48
+
+
+# 01_derivation.ipynb, cell 80: In blocks of positions
 def _row_ranges(
     rows: int, row_entries: int, result_bytes: int
 ) -> list[tuple[int, int]]:
@@ -263,6 +260,7 @@ def _row_ranges(
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
+# 01_derivation.ipynb, cell 81: In blocks of positions
 def _encoding_rows(
     p: Tensor, d_model: int, base: float, layout: str, schedule: str,
     dtype: torch.dtype, chunked: bool = True,
@@ -284,3 +282,27 @@ def _encoding_rows(
         block = _encode(flat[start:stop], d_model, base, layout, schedule)
         out[start:stop] = _round_once(block, dtype)
     return out.view(*p.shape, d_model)
+
+
+# 01_derivation.ipynb, cell 83: Rounded once
+def _round_once(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Round float64 ``x`` to ``dtype`` once (to nearest, ties to even).
+
+    ``Tensor.to`` converts float64 to float16 and bfloat16 through float32,
+    rounding twice. Rounding first to float32 *to odd* (towards zero, then
+    setting the last bit of inexact results) makes the two roundings equal to
+    one, since float32 carries at least two more bits than either target
+    (Boldo and Melquiond, 2008). Returns a tensor of the shape of ``x``.
+    """
+    if dtype not in (torch.float16, torch.bfloat16):
+        # float64 -> float32 (or float64) is a single rounding
+        return x.to(dtype)
+    y = x.to(torch.float32)
+    # round to odd: step back towards zero where rounding went away from
+    # it, then make inexact results odd
+    y = torch.where(
+        y.double().abs() > x.abs(), torch.nextafter(y, torch.zeros_like(y)), y
+    )
+    return torch.where(
+        y.double() != x, (y.view(torch.int32) | 1).view(torch.float32), y
+    ).to(dtype)

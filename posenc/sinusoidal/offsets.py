@@ -12,10 +12,10 @@ import torch
 from torch import Tensor
 
 from posenc._checks import check_int, check_integer_tensor
-from posenc.sinusoidal.encoding import _check_table_args, _omega, _round_once
+from posenc.sinusoidal.encoding import _omega, _round_once, check_table_args
 
 
-# 03_relative_offsets.ipynb, cell 10: The exported function
+# 03_relative_offsets.ipynb, cell 11: The channels of each pair
 def _pair_channels(
     d_model: int,
     layout: str,
@@ -38,6 +38,42 @@ def _pair_channels(
     return sin_idx, cos_idx, (unpaired if d_model % 2 else None)
 
 
+# 03_relative_offsets.ipynb, cell 13: The matrix in float64
+def _offset_matrix64(
+    k: Tensor, d_model: int, base: float, layout: str, schedule: str
+) -> Tensor:
+    """M_k for float64 offsets ``k`` of any shape, in float64 and not yet rounded:
+    ``[*k.shape, d_model, d_model]``."""
+    m = d_model // 2
+    omega = _omega(d_model, base, schedule)[:m].to(k.device)
+    # theta[..., i] = k * omega_i, in float64
+    theta = k.unsqueeze(-1) * omega
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    sin_idx, cos_idx, unpaired = (
+        idx if idx is None or isinstance(idx, int) else idx.to(k.device)
+        for idx in _pair_channels(d_model, layout, schedule)
+    )
+    # built [d, d, *k.shape] by out-of-place index_put (which torch.func.vmap can
+    # batch), then moved to [*k.shape, d, d]
+    matrix = torch.zeros(
+        (d_model, d_model, *k.shape), dtype=torch.float64, device=k.device
+    )
+    c, s = cos.movedim(-1, 0), sin.movedim(-1, 0)  # [m, *k.shape]
+    # rows: new (sin, cos) of pair i; columns: old (sin, cos) of pair i
+    for rows, cols, value in (
+        (sin_idx, sin_idx, c),
+        (sin_idx, cos_idx, s),
+        (cos_idx, sin_idx, -s),
+        (cos_idx, cos_idx, c),
+    ):
+        matrix = matrix.index_put((rows, cols), value)
+    if unpaired is not None:  # the last channel of an odd d_model keeps its value
+        one = torch.ones((), dtype=torch.float64, device=k.device)
+        matrix[unpaired, unpaired] = one
+    return matrix.movedim((0, 1), (-2, -1))
+
+
+# 03_relative_offsets.ipynb, cell 15: The public function
 def offset_matrix(
     offset: int | Tensor,
     d_model: int,
@@ -88,7 +124,7 @@ def offset_matrix(
         Tensor of shape ``[d_model, d_model]`` for an int offset,
         ``[*offset.shape, d_model, d_model]`` for a tensor.
     """
-    d_model, base = _check_table_args(d_model, base, layout, frequencies, dtype)
+    d_model, base = check_table_args(d_model, base, layout, frequencies, dtype)
     if isinstance(offset, Tensor):
         check_integer_tensor(
             "offset",
@@ -102,30 +138,4 @@ def offset_matrix(
         k = torch.tensor(
             check_int("offset", offset, fix), dtype=torch.float64, device=device
         )
-    m = d_model // 2
-    omega = _omega(d_model, base, frequencies)[:m].to(k.device)
-    # theta[..., i] = k * omega_i, in float64
-    theta = k.unsqueeze(-1) * omega
-    cos, sin = torch.cos(theta), torch.sin(theta)
-    sin_idx, cos_idx, unpaired = (
-        idx if idx is None or isinstance(idx, int) else idx.to(k.device)
-        for idx in _pair_channels(d_model, layout, frequencies)
-    )
-    # built [d, d, *k.shape] by out-of-place index_put (which torch.func.vmap can
-    # batch), then moved to [*k.shape, d, d]
-    matrix = torch.zeros(
-        (d_model, d_model, *k.shape), dtype=torch.float64, device=k.device
-    )
-    c, s = cos.movedim(-1, 0), sin.movedim(-1, 0)  # [m, *k.shape]
-    # rows: new (sin, cos) of pair i; columns: old (sin, cos) of pair i
-    for rows, cols, value in (
-        (sin_idx, sin_idx, c),
-        (sin_idx, cos_idx, s),
-        (cos_idx, sin_idx, -s),
-        (cos_idx, cos_idx, c),
-    ):
-        matrix = matrix.index_put((rows, cols), value)
-    if unpaired is not None:  # the last channel of an odd d_model keeps its value
-        one = torch.ones((), dtype=torch.float64, device=k.device)
-        matrix[unpaired, unpaired] = one
-    return _round_once(matrix.movedim((0, 1), (-2, -1)), dtype)
+    return _round_once(_offset_matrix64(k, d_model, base, layout, frequencies), dtype)
