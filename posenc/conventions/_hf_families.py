@@ -31,6 +31,7 @@ from posenc.rotary.scaling import (
 )
 
 
+# 16_hugging_face.ipynb, cell 10: The family's module and classes
 @dataclass(frozen=True)
 class _Family:
     """The installed transformers code of one model family."""
@@ -43,6 +44,7 @@ class _Family:
     classes: Mapping[str, ast.ClassDef]  # the module's classes, parsed once
 
 
+# 16_hugging_face.ipynb, cell 11: The family's module and classes
 def _family(config: object) -> _Family:
     """The text config of ``config``, its modeling module, the model class that
     holds ``rotary_emb``, and the class of that module."""
@@ -72,6 +74,7 @@ def _family(config: object) -> _Family:
     return _Family(text.model_type, text, module, model, rotary, classes)
 
 
+# 16_hugging_face.ipynb, cell 12: The family's module and classes
 def _model_class(
     module: ModuleType, classes: Mapping[str, ast.ClassDef], text: Any
 ) -> type:
@@ -104,6 +107,7 @@ def _model_class(
     return found[0]
 
 
+# 16_hugging_face.ipynb, cell 13: The family's module and classes
 def _assigned_class(
     cls: type, module: ModuleType, classes: Mapping[str, ast.ClassDef], name: str
 ) -> type | None:
@@ -125,32 +129,16 @@ def _assigned_class(
     return None
 
 
-# 16_hugging_face.ipynb, cell 9: Reading a family's code
+# 16_hugging_face.ipynb, cell 15: One call of the family's module
 #: Relative agreement required between a family's float32 frequencies (and table
 #: angles) and posenc's float64 ones: transformers' float32 rounding stays below
 #: 2**-16 for every rope_type with factor <= 64 (book/14_rope_scaling.ipynb).
 _AGREE = 2.0**-13
 
+
+# 16_hugging_face.ipynb, cell 16: One call of the family's module
 #: The keys of rope_parameters that posenc reads (the others change no table).
 _KNOWN_KEYS = frozenset(_COMMON_KEYS).union(*_TYPE_KEYS.values())
-
-
-@dataclass
-class _Layout:
-    """The tables of one layer type, as the family's rotary module lays them out:
-    channel j holds the angle of slot ``gather[j]``, and slot s turns with the
-    position on axis ``axis[s]`` at the speed of pair ``pair[s]``."""
-
-    params: dict[str, Any]  # posenc's reading of the rope_parameters
-    pairs: int  # P: the frequencies of the family's module
-    axes: int  # position axes (M-RoPE: 3)
-    axis: Tensor  # [S] long
-    pair: Tensor  # [S] long
-    gather: Tensor  # [W] long: W channels, from S slots
-    form: str  # "halves" [s, s], "interleaved" [s0 s0 s1 s1 ...], "pairs" [s], "other"
-    complex: bool  # one complex64 tensor cos + i sin (torch.polar)
-    follows_input: bool  # tables in x's dtype (else float32, or complex64)
-    attention: float  # the factor cos and sin are multiplied by
 
 
 def _hf_parameters(family: _Family, layer_type: str | None) -> tuple[dict, list]:
@@ -172,6 +160,7 @@ def _hf_parameters(family: _Family, layer_type: str | None) -> tuple[dict, list]
     return params, dropped
 
 
+# 16_hugging_face.ipynb, cell 17: One call of the family's module
 def _call(
     family: _Family, module: nn.Module, x: Tensor, ids: Tensor, layer_type: str | None
 ) -> Any:
@@ -188,6 +177,7 @@ def _call(
         ) from error
 
 
+# 16_hugging_face.ipynb, cell 18: One call of the family's module
 def _axes_taken(family: _Family, hf_module: nn.Module, layer_type: str | None) -> int:
     """The position axes of a module whose config names no ``mrope_section``: 1, or
     k where it takes position_ids ``[k, batch, seq_len]`` to one table (NeoMME's
@@ -205,6 +195,7 @@ def _axes_taken(family: _Family, hf_module: nn.Module, layer_type: str | None) -
     return 1
 
 
+# 16_hugging_face.ipynb, cell 19: One call of the family's module
 def _sections(sections: Any, name: str) -> list[int]:
     """M-RoPE sections (pairs per position axis) as ints >= 0, one positive."""
     if not (
@@ -220,6 +211,26 @@ def _sections(sections: Any, name: str) -> list[int]:
     return list(sections)
 
 
+# 16_hugging_face.ipynb, cell 21: The layout of the tables
+@dataclass
+class _Layout:
+    """The tables of one layer type, as the family's rotary module lays them out:
+    channel j holds the angle of slot ``gather[j]``, and slot s turns with the
+    position on axis ``axis[s]`` at the speed of pair ``pair[s]``."""
+
+    params: dict[str, Any]  # posenc's reading of the rope_parameters
+    pairs: int  # P: the frequencies of the family's module
+    axes: int  # position axes (M-RoPE: 3)
+    axis: Tensor  # [S] long
+    pair: Tensor  # [S] long
+    gather: Tensor  # [W] long: W channels, from S slots
+    form: str  # "halves" [s, s], "interleaved" [s0 s0 s1 s1 ...], "pairs" [s], "other"
+    complex: bool  # one complex64 tensor cos + i sin (torch.polar)
+    follows_input: bool  # tables in x's dtype (else float32, or complex64)
+    attention: float  # the factor cos and sin are multiplied by
+
+
+# 16_hugging_face.ipynb, cell 22: The layout of the tables
 def _read_layout(
     family: _Family, hf_module: nn.Module, layer_type: str | None
 ) -> _Layout:
@@ -227,7 +238,35 @@ def _read_layout(
     at distinct random positions (below 1024, one set per axis) every angle
     p·ω_i differs, so each channel of its tables fits one (axis, pair) of posenc's
     float64 angles within the float32 rounding of the family's own."""
-    name = family.rotary.__name__
+    params = _layout_parameters(family, hf_module, layer_type)
+    pairs, omega, attention = _checked_speeds(family, hf_module, layer_type, params)
+    axes = len(params.get("mrope_section") or ()) or _axes_taken(
+        family, hf_module, layer_type
+    )
+    positions, cos, sin, complex_, follows = _probe(
+        family, hf_module, layer_type, params, axes
+    )
+    chosen = _channel_slots(family, positions, omega, cos, sin, attention)
+    slots = sorted(set(chosen), key=chosen.index)
+    gather = torch.tensor([slots.index(c) for c in chosen])
+    s = len(slots)
+    forms = {"halves": torch.arange(s).repeat(2), "pairs": torch.arange(s),
+             "interleaved": torch.arange(s).repeat_interleave(2)}  # fmt: skip
+    form = next((k for k, v in forms.items() if torch.equal(gather, v)), "other")
+    return _Layout(
+        params=params, pairs=pairs, axes=axes, axis=torch.tensor(slots) // pairs,
+        pair=torch.tensor(slots) % pairs, gather=gather, form=form, complex=complex_,
+        follows_input=follows, attention=attention,
+    )  # fmt: skip
+
+
+# 16_hugging_face.ipynb, cell 23: The layout of the tables
+def _layout_parameters(
+    family: _Family, hf_module: nn.Module, layer_type: str | None
+) -> dict[str, Any]:
+    """posenc's checked reading of the family's ``rope_parameters`` (of
+    ``layer_type``), with the M-RoPE sections of the module where the config
+    gives none."""
     params, _ = _hf_parameters(family, layer_type)
     sections = getattr(hf_module, "mrope_section", None)
     if isinstance(sections, Mapping):
@@ -239,7 +278,18 @@ def _read_layout(
     sections = params.pop("mrope_section", None)
     params = _rope_parameters(params, None)
     if sections is not None:
-        params["mrope_section"] = _sections(sections, name)
+        params["mrope_section"] = _sections(sections, family.rotary.__name__)
+    return params
+
+
+# 16_hugging_face.ipynb, cell 24: The layout of the tables
+def _checked_speeds(
+    family: _Family, hf_module: nn.Module, layer_type: str | None, params: dict
+) -> tuple[int, Tensor, float]:
+    """The family's pairs P, posenc's float64 speeds ``[P]`` for ``params`` and the
+    attention factor, after checking that the module's ``inv_freq`` and
+    ``attention_scaling`` are those, to float32 rounding."""
+    name = family.rotary.__name__
     prefix = f"{layer_type}_" if layer_type is not None else ""
     inv_freq = getattr(hf_module, f"{prefix}inv_freq", None)
     if not isinstance(inv_freq, Tensor) or inv_freq.dim() != 1:
@@ -262,9 +312,19 @@ def _read_layout(
             f"{name} multiplies its tables by {hf_attention}, the config as posenc "
             f"reads it by {attention}: posenc cannot reproduce them"
         )
-    axes = len(params.get("mrope_section") or ()) or _axes_taken(
-        family, hf_module, layer_type
-    )
+    return pairs, omega, attention
+
+
+# 16_hugging_face.ipynb, cell 25: The layout of the tables
+def _probe(
+    family: _Family, hf_module: nn.Module, layer_type: str | None, params: dict,
+    axes: int,
+) -> tuple[Tensor, Tensor, Tensor, bool, bool]:  # fmt: skip
+    """The family's module called at distinct random positions ``[axes, count]``
+    (below 1024 and the context): the positions, its float64 ``cos, sin [count,
+    W]``, whether it returns one complex tensor, and whether its tables take x's
+    dtype (else float32), checked to be tables of that shape."""
+    name = family.rotary.__name__
     high = min(1024, params.get("original_max_position_embeddings", 1024),
                params.get("max_position_embeddings", 1024))  # fmt: skip
     count = min(16, high - 1)
@@ -298,7 +358,18 @@ def _read_layout(
             f"for position_ids {tuple(ids.shape)} and x of dtype float64: not "
             "[batch, seq_len, channels] in x's dtype or float32"
         )
-    hf_cos, hf_sin = cos[0].double(), sin[0].double()  # [count, W]
+    return positions, cos[0].double(), sin[0].double(), complex_, follows
+
+
+# 16_hugging_face.ipynb, cell 26: The layout of the tables
+def _channel_slots(
+    family: _Family, positions: Tensor, omega: Tensor, hf_cos: Tensor,
+    hf_sin: Tensor, attention: float,
+) -> list[int]:  # fmt: skip
+    """For each channel j of the family's tables ``[count, W]``, the one candidate
+    (axis c // P, pair c % P) of posenc's angles at ``positions [axes, count]``
+    that it holds, within float32 rounding."""
+    name, pairs = family.rotary.__name__, omega.numel()
     theta = (positions.double()[:, :, None] * omega).permute(1, 0, 2).flatten(1)
     # theta [count, axes * P]: candidate c is (axis c // P, pair c % P)
     err = torch.maximum(
@@ -324,20 +395,10 @@ def _read_layout(
             if c % pairs == i
         ]
         chosen.append((usual or found)[0])
-    slots = sorted(set(chosen), key=chosen.index)
-    gather = torch.tensor([slots.index(c) for c in chosen])
-    s = len(slots)
-    forms = {"halves": torch.arange(s).repeat(2), "pairs": torch.arange(s),
-             "interleaved": torch.arange(s).repeat_interleave(2)}  # fmt: skip
-    form = next((k for k, v in forms.items() if torch.equal(gather, v)), "other")
-    return _Layout(
-        params=params, pairs=pairs, axes=axes, axis=torch.tensor(slots) // pairs,
-        pair=torch.tensor(slots) % pairs, gather=gather, form=form, complex=complex_,
-        follows_input=follows, attention=attention,
-    )  # fmt: skip
+    return chosen
 
 
-# 16_hugging_face.ipynb, cell 20: The layout of q and k: `RotaryEmbedding.from_hf_con...
+# 16_hugging_face.ipynb, cell 54: Finding the rotation function
 def _config_flag(test: ast.expr, config: Any) -> bool | None:
     """The value of an ``if`` on a config flag (``self.config.rope_interleave``,
     ``not config.x``), or None for any other test."""
@@ -354,6 +415,7 @@ def _config_flag(test: ast.expr, config: Any) -> bool | None:
     return bool(getattr(config, node.attr)) != negate
 
 
+# 16_hugging_face.ipynb, cell 55: Finding the rotation function
 def _calls(node: ast.AST, config: Any) -> list[str]:
     """The names called under ``node``, following only the branch that a config
     flag takes."""
@@ -372,6 +434,7 @@ def _calls(node: ast.AST, config: Any) -> list[str]:
     return found
 
 
+# 16_hugging_face.ipynb, cell 56: Finding the rotation function
 def _rotation_functions(family: _Family) -> list[Callable]:
     """The module-level ``apply...rot...`` functions that the ``forward`` methods of
     the text model's classes call (the classes it builds, recursively), on the
@@ -405,6 +468,7 @@ def _rotation_functions(family: _Family) -> list[Callable]:
     return found
 
 
+# 16_hugging_face.ipynb, cell 58: Scores of unit vectors
 def _head_dim(config: Any, layer_type: str | None) -> int:
     """The width of the q and k the family rotates: ``qk_rope_head_dim`` (the
     rotated part of multi-head latent attention), else the layer type's head_dim."""
@@ -421,6 +485,7 @@ def _head_dim(config: Any, layer_type: str | None) -> int:
     return int(config.hidden_size // config.num_attention_heads)
 
 
+# 16_hugging_face.ipynb, cell 59: Scores of unit vectors
 def _apply_rotation(fn: Callable, x: Tensor, tables: Any) -> Tensor:
     """A family's rotation function on q = k = x, whatever its signature:
     (q, k, cos, sin, ...), (x, cos, sin, ...) or (xq, xk, freqs_cis)."""
@@ -434,6 +499,7 @@ def _apply_rotation(fn: Callable, x: Tensor, tables: Any) -> Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+# 16_hugging_face.ipynb, cell 60: Scores of unit vectors
 def _scores(
     fn: Callable, tables: list, head_dim: int, rotated: int, family: _Family
 ) -> Tensor:
@@ -465,6 +531,7 @@ def _scores(
     )
 
 
+# 16_hugging_face.ipynb, cell 61: Scores of unit vectors
 def _slices_first_channels(family: _Family) -> bool:
     """Whether the family's code takes the first channels for the rotation,
     ``x[..., : <...rot...>]``."""
@@ -486,6 +553,7 @@ def _slices_first_channels(family: _Family) -> bool:
     return False
 
 
+# 16_hugging_face.ipynb, cell 63: M-RoPE's axis order
 def _mrope_interleaved(layout: _Layout) -> bool:
     """Whether the M-RoPE axes take turns pair by pair (Qwen3-VL) or hold blocks
     of pairs (Qwen2-VL), as the family's tables assign them."""

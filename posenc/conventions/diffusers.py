@@ -24,7 +24,7 @@ from posenc._checks import values_checkable
 from posenc.rotary.rotation import rotary_cos_sin
 
 
-# 20_diffusion_rotary.ipynb, cell 5: The implementation
+# 20_diffusion_rotary.ipynb, cell 6: Positions and the reference tables
 def _integer_positions(name: str, ids: Tensor, fix: str) -> Tensor:
     """``ids`` (float or integer, any shape) as int64, after checking, where their
     values can be read, that they are whole numbers >= 0: posenc's rotary tables
@@ -41,6 +41,7 @@ def _integer_positions(name: str, ids: Tensor, fix: str) -> Tensor:
     return ids.round().long() if ids.is_floating_point() else ids.long()
 
 
+# 20_diffusion_rotary.ipynb, cell 7: Positions and the reference tables
 def _grid(sizes: Sequence[int], device: Any = None) -> Tensor:
     """The positions of a row-major grid of ``sizes`` (e.g. frames, height,
     width): ``[len(sizes), prod(sizes)]``, axis a holding each token's index
@@ -49,7 +50,7 @@ def _grid(sizes: Sequence[int], device: Any = None) -> Tensor:
     return torch.stack(torch.meshgrid(*axes, indexing="ij")).flatten(1)
 
 
-# 20_diffusion_rotary.ipynb, cell 6: The implementation
+# 20_diffusion_rotary.ipynb, cell 8: Positions and the reference tables
 def _tables(
     positions: Tensor, axes_dim: Sequence[int], base: float, layout: str = "interleaved"
 ) -> tuple[Tensor, Tensor]:
@@ -61,7 +62,7 @@ def _tables(
     )
 
 
-# 20_diffusion_rotary.ipynb, cell 7: The implementation
+# 20_diffusion_rotary.ipynb, cell 10: Flux
 class FluxPosEmbed(nn.Module):
     """diffusers' ``FluxPosEmbed`` (Flux, Flux Kontext, Chroma's layout), by posenc.
 
@@ -97,7 +98,11 @@ class FluxPosEmbed(nn.Module):
         return _tables(positions.T, self.axes_dim, self.theta)
 
 
-# 20_diffusion_rotary.ipynb, cell 8: The implementation
+def _flux(module: nn.Module) -> nn.Module:
+    return FluxPosEmbed(module.theta, module.axes_dim)
+
+
+# 20_diffusion_rotary.ipynb, cell 12: Wan
 class WanRotaryPosEmbed(nn.Module):
     """diffusers' ``WanRotaryPosEmbed`` (Wan 2.1 and 2.2), by posenc.
 
@@ -145,7 +150,26 @@ class WanRotaryPosEmbed(nn.Module):
         return cos[None, :, None], sin[None, :, None]
 
 
-# 20_diffusion_rotary.ipynb, cell 9: The implementation
+def _wan(module: nn.Module) -> nn.Module:
+    """diffusers' module keeps no theta: WanTransformer3DModel builds it with the
+    default 10000, and its table at position 1 must say so."""
+    new = WanRotaryPosEmbed(
+        module.attention_head_dim, module.patch_size, module.max_seq_len
+    )
+    cos, sin = _tables(torch.ones(3, 1, dtype=torch.long), new.axes_dim, new.theta)
+    table = module.freqs_cos[1:2].cpu(), module.freqs_sin[1:2].cpu()
+    if not all(
+        torch.allclose(a.float(), b, atol=1e-6) for a, b in zip(table, (cos, sin))
+    ):
+        raise ValueError(
+            f"{type(module).__name__}: its table is not that of theta=10000, the "
+            "only base WanTransformer3DModel gives it, and diffusers keeps no theta "
+            "to read; build posenc's WanRotaryPosEmbed(..., theta=...) by hand"
+        )
+    return new
+
+
+# 20_diffusion_rotary.ipynb, cell 14: HunyuanVideo
 class HunyuanVideoRotaryPosEmbed(nn.Module):
     """diffusers' ``HunyuanVideoRotaryPosEmbed`` (HunyuanVideo), by posenc.
 
@@ -179,7 +203,13 @@ class HunyuanVideoRotaryPosEmbed(nn.Module):
         return _tables(grid, self.rope_dim, self.theta)
 
 
-# 20_diffusion_rotary.ipynb, cell 10: The implementation
+def _hunyuan(module: nn.Module) -> nn.Module:
+    return HunyuanVideoRotaryPosEmbed(
+        module.patch_size, module.patch_size_t, module.rope_dim, module.theta
+    )
+
+
+# 20_diffusion_rotary.ipynb, cell 16: HiDream
 class HiDreamImageEmbedND(nn.Module):
     """diffusers' ``HiDreamImageEmbedND`` (HiDream-I1), by posenc.
 
@@ -216,7 +246,11 @@ class HiDreamImageEmbedND(nn.Module):
         return rows.unflatten(-1, (2, 2)).unsqueeze(2)
 
 
-# 20_diffusion_rotary.ipynb, cell 11: The implementation
+def _hidream(module: nn.Module) -> nn.Module:
+    return HiDreamImageEmbedND(module.theta, module.axes_dim)
+
+
+# 20_diffusion_rotary.ipynb, cell 18: CogVideoX
 def get_3d_rotary_pos_embed(
     embed_dim: int,
     crops_coords: Any,
@@ -262,40 +296,7 @@ def get_3d_rotary_pos_embed(
     return _tables(grid, axes_dim, theta)
 
 
-# 20_diffusion_rotary.ipynb, cell 12: The implementation
-def _flux(module: nn.Module) -> nn.Module:
-    return FluxPosEmbed(module.theta, module.axes_dim)
-
-
-def _wan(module: nn.Module) -> nn.Module:
-    """diffusers' module keeps no theta: WanTransformer3DModel builds it with the
-    default 10000, and its table at position 1 must say so."""
-    new = WanRotaryPosEmbed(
-        module.attention_head_dim, module.patch_size, module.max_seq_len
-    )
-    cos, sin = _tables(torch.ones(3, 1, dtype=torch.long), new.axes_dim, new.theta)
-    table = module.freqs_cos[1:2].cpu(), module.freqs_sin[1:2].cpu()
-    if not all(
-        torch.allclose(a.float(), b, atol=1e-6) for a, b in zip(table, (cos, sin))
-    ):
-        raise ValueError(
-            f"{type(module).__name__}: its table is not that of theta=10000, the "
-            "only base WanTransformer3DModel gives it, and diffusers keeps no theta "
-            "to read; build posenc's WanRotaryPosEmbed(..., theta=...) by hand"
-        )
-    return new
-
-
-def _hunyuan(module: nn.Module) -> nn.Module:
-    return HunyuanVideoRotaryPosEmbed(
-        module.patch_size, module.patch_size_t, module.rope_dim, module.theta
-    )
-
-
-def _hidream(module: nn.Module) -> nn.Module:
-    return HiDreamImageEmbedND(module.theta, module.axes_dim)
-
-
+# 20_diffusion_rotary.ipynb, cell 20: Swapping a diffusers transformer's module
 # diffusers' class name -> posenc's replacement, built from the module's own fields
 _REPLACEMENTS = {
     "FluxPosEmbed": _flux,
@@ -317,6 +318,7 @@ _NOT_COVERED = {
 }
 
 
+# 20_diffusion_rotary.ipynb, cell 21: Swapping a diffusers transformer's module
 def _rotary_class(module: nn.Module) -> bool:
     """Whether ``module``'s class is a rotary embedding by its name, as diffusers
     names them (…Rotary…, …RoPE…, …Rope…, …PosEmbed of Flux, …EmbedND)."""
@@ -327,7 +329,7 @@ def _rotary_class(module: nn.Module) -> bool:
     )  # fmt: skip
 
 
-# 20_diffusion_rotary.ipynb, cell 13: The implementation
+# 20_diffusion_rotary.ipynb, cell 22: Swapping a diffusers transformer's module
 def swap_rotary_diffusers(transformer: nn.Module) -> dict[str, nn.Module]:
     """Replace the rotary embedding of a diffusers transformer by posenc's.
 
@@ -378,7 +380,7 @@ def swap_rotary_diffusers(transformer: nn.Module) -> dict[str, nn.Module]:
     return found
 
 
-# 20_diffusion_rotary.ipynb, cell 14: The implementation
+# 20_diffusion_rotary.ipynb, cell 24: timm's `RotaryEmbeddingCat`
 class RotaryEmbeddingCat(nn.Module):
     """timm's ``RotaryEmbeddingCat`` (EVA-02 and timm's rotary ViTs), by posenc.
 
@@ -412,17 +414,7 @@ class RotaryEmbeddingCat(nn.Module):
         ref_feat_shape: Sequence[int] | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
-        if dim % 4 or dim < 4:
-            raise ValueError(f"dim must be a positive multiple of 4, got {dim}")
-        if grid_offset != int(grid_offset) or grid_offset < 0:
-            raise ValueError(
-                f"grid_offset must be a whole number >= 0, got {grid_offset!r}: "
-                "posenc's rotary tables take integer positions"
-            )
-        if grid_indexing not in ("ij", "xy"):
-            raise ValueError(
-                f"grid_indexing must be 'ij' or 'xy', got {grid_indexing!r}"
-            )
+        _check_cat_arguments(dim, grid_offset, grid_indexing)
         self.dim, self.temperature = dim, temperature
         self.feat_shape = list(feat_shape) if feat_shape is not None else None
         self.grid_offset, self.grid_indexing = int(grid_offset), grid_indexing
@@ -438,16 +430,7 @@ class RotaryEmbeddingCat(nn.Module):
                 f"shape must be the patch grid [height, width] (none cached), got "
                 f"{shape!r}"
             )
-        grid = _grid(shape) + self.grid_offset  # [2, h·w]: (row, column)
-        if self.ref_feat_shape is not None:  # EVA: p · ref / shape, whole
-            if any(r % n for r, n in zip(self.ref_feat_shape, shape)):
-                raise ValueError(
-                    f"a grid {list(shape)} with ref_feat_shape={self.ref_feat_shape}"
-                    " gives fractional positions, which posenc's rotary tables do "
-                    "not take; use a grid whose sides divide the reference's"
-                )
-            scale = [r // n for r, n in zip(self.ref_feat_shape, shape)]
-            grid = grid * torch.tensor(scale)[:, None]
+        grid = _patch_grid(shape, self.grid_offset, self.ref_feat_shape)
         if self.grid_indexing == "xy":
             grid = grid.flip(0)  # (column, row)
         layout = "half" if self.rotate_half else "interleaved"
@@ -472,7 +455,41 @@ class RotaryEmbeddingCat(nn.Module):
         return out.transpose(1, 2).reshape(x.shape)
 
 
-# 20_diffusion_rotary.ipynb, cell 15: The implementation
+# 20_diffusion_rotary.ipynb, cell 25: timm's `RotaryEmbeddingCat`
+def _check_cat_arguments(dim: int, grid_offset: float, grid_indexing: str) -> None:
+    """``RotaryEmbeddingCat``'s settings that posenc's rotary tables can express."""
+    if dim % 4 or dim < 4:
+        raise ValueError(f"dim must be a positive multiple of 4, got {dim}")
+    if grid_offset != int(grid_offset) or grid_offset < 0:
+        raise ValueError(
+            f"grid_offset must be a whole number >= 0, got {grid_offset!r}: "
+            "posenc's rotary tables take integer positions"
+        )
+    if grid_indexing not in ("ij", "xy"):
+        raise ValueError(f"grid_indexing must be 'ij' or 'xy', got {grid_indexing!r}")
+
+
+# 20_diffusion_rotary.ipynb, cell 26: timm's `RotaryEmbeddingCat`
+def _patch_grid(
+    shape: Sequence[int], grid_offset: int, ref_feat_shape: Sequence[int] | None
+) -> Tensor:
+    """The (row, column) positions ``[2, h·w]`` of a patch grid ``shape``, as timm
+    forms them: offset by ``grid_offset``; with EVA's ``ref_feat_shape``, scaled by
+    ref_feat_shape / shape, refused unless whole."""
+    grid = _grid(shape) + grid_offset  # [2, h·w]: (row, column)
+    if ref_feat_shape is not None:  # EVA: p · ref / shape, whole
+        if any(r % n for r, n in zip(ref_feat_shape, shape)):
+            raise ValueError(
+                f"a grid {list(shape)} with ref_feat_shape={ref_feat_shape}"
+                " gives fractional positions, which posenc's rotary tables do "
+                "not take; use a grid whose sides divide the reference's"
+            )
+        scale = [r // n for r, n in zip(ref_feat_shape, shape)]
+        grid = grid * torch.tensor(scale)[:, None]
+    return grid
+
+
+# 20_diffusion_rotary.ipynb, cell 27: timm's `RotaryEmbeddingCat`
 def swap_rotary_timm(model: nn.Module) -> dict[str, nn.Module]:
     """Replace the ``RotaryEmbeddingCat`` of a timm model (EVA, EVA-02, timm's
     ``vit_*_rope_*``) by posenc's :class:`RotaryEmbeddingCat`.

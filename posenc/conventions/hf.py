@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["HFRotaryEmbedding", "rotary_embedding_from_config", "swap_rotary"]
 
-# 16_hugging_face.ipynb, cell 11: The module
+# 16_hugging_face.ipynb, cell 28: The module
 
 import contextlib
 import inspect
@@ -37,8 +37,235 @@ from posenc.rotary.scaling import _frequencies
 from posenc.sinusoidal.encoding import _round_once
 
 
-# 16_hugging_face.ipynb, cell 12: The module
-class HFRotaryEmbedding(nn.Module):
+# 16_hugging_face.ipynb, cell 30: What is read once, and what is kept
+def _hf_rotary(family: _Family) -> tuple[nn.Module, list[str | None]]:
+    """The family's own rotary module, built from its config, and the layer types
+    with their own parameters that it holds tables for, sorted (``[None]``: one
+    set of parameters for every layer)."""
+    params = getattr(family.config, "rope_parameters", None) or {}
+    nested = getattr(family.config, "nested_rope_parameter_keys", None)
+    keys = nested(params) if callable(nested) else []
+    try:
+        hf_module = family.rotary(config=family.config)
+    except Exception as error:  # transformers' own failure
+        raise ValueError(
+            f"transformers' {family.rotary.__name__} cannot be built from this "
+            f"config ({type(error).__name__}: {error})"
+        ) from error
+    # the layer types with their own parameters that the module holds tables
+    # for (LFM3 builds only those among config.layer_types)
+    typed = [k for k in keys if params[k] is not None]
+    held = [k for k in typed if hasattr(hf_module, f"{k}_inv_freq")]
+    return hf_module, sorted(held or typed) or [None]
+
+
+# 16_hugging_face.ipynb, cell 31: What is read once, and what is kept
+def _slot_rows(layout: _Layout, omega: Tensor) -> Tensor:
+    """``[*, axes, S]``: row a holds the speed of each slot on axis a, 0 elsewhere,
+    for speeds ``omega [*, P]`` (on the CPU)."""
+    slots = torch.arange(layout.axis.numel())
+    rows = omega.new_zeros(*omega.shape[:-1], layout.axes, slots.numel())
+    rows[..., layout.axis, slots] = omega[..., layout.pair]
+    return rows
+
+
+# 16_hugging_face.ipynb, cell 32: What is read once, and what is kept
+def _speed_tables(
+    layouts: dict[str | None, _Layout],
+) -> tuple[dict[str | None, Tensor], ...]:
+    """Per layer type, on the CPU: the float64 speeds of each slot per axis,
+    ``[axes, S]``; longrope: also the long ones; dynamic NTK: the sequence length
+    kept, a 0-d int64 tensor, and the 0/1 matrix ``[P, axes * S]`` that places the
+    P speeds in the slots."""
+    rows, long, kept, place = {}, {}, {}, {}
+    for t, layout in layouts.items():
+        rope_type, dim = layout.params["rope_type"], 2 * layout.pairs
+        rows[t] = _slot_rows(layout, _frequencies(dim, layout.params, None))
+        if rope_type == "longrope":
+            past = layout.params["original_max_position_embeddings"] + 1
+            long[t] = _slot_rows(layout, _frequencies(dim, layout.params, past))
+        if rope_type == "dynamic":
+            kept[t] = torch.tensor(layout.params["max_position_embeddings"])
+            place[t] = _slot_rows(layout, torch.eye(layout.pairs, dtype=torch.float64))
+    return rows, long, kept, place
+
+
+# 16_hugging_face.ipynb, cell 33: What is read once, and what is kept
+class _HFState(nn.Module):
+    """What an ``HFRotaryEmbedding`` keeps between calls: the float64 speeds of
+    every layer type (``_rows``, longrope's ``_long``, dynamic NTK's ``_place``)
+    and dynamic NTK's sequence length (``_kept``), on one device, copied from the
+    CPU originals in ``_home``, never cast."""
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
+        # model.to(device) / .cuda(): the speeds follow the device, never a dtype
+        result = super()._apply(fn, recurse)
+        probe = next(iter(self._rows.values()))
+        with contextlib.suppress(Exception):  # a function that moves no tensor
+            self._move(fn(torch.empty(0, dtype=torch.long, device=probe.device)).device)
+        return result
+
+    def _move(self, device: torch.device) -> None:
+        # copied from the CPU originals into new tensors (Tensor.to, under
+        # FakeTensorMode, runs a real kernel on the fake device for a tensor made
+        # outside it); the dynamic-NTK length kept, from its last real value
+        def copy(value: Tensor) -> Tensor:
+            return torch.empty_like(value, device=device).copy_(value)
+
+        for name in ("_rows", "_long", "_place"):
+            setattr(self, name, {k: copy(v) for k, v in self._home[name].items()})
+        home = self._home["_kept"]
+        self._kept = {
+            k: copy(home[k] if v.device.type == "meta" else v)
+            for k, v in self._kept.items()
+        }
+        for t, layout in self._layouts.items():  # the channel map of an "other" order
+            layout.gather = copy(self._home["gather"][t])
+
+    def _rows_on(self, layer_type: str | None, device: torch.device) -> Tensor:
+        """The speeds ``[axes, S]`` of ``layer_type`` on ``device``, where the module
+        moves (a compiled call copies them instead)."""
+        rows = self._rows[layer_type]
+        if rows.device != device:
+            if torch.compiler.is_compiling():
+                return rows.to(device)
+            self._move(device)
+            rows = self._rows[layer_type]
+        return rows
+
+    def _grow(self, layer_type: str | None, ids: Tensor, original: int) -> Tensor:
+        """Dynamic NTK's sequence length for positions ``ids``, kept (transformers'
+        dynamic_frequency_update, on the device): grown to the sequence, or back to
+        the original length below it."""
+        seq_len = ids.max() + 1
+        compiling = torch.compiler.is_compiling()
+        with self._lock if not compiling else contextlib.nullcontext():
+            kept = self._kept[layer_type].to(ids.device)
+            reset = (seq_len < original) & (kept > original)
+            kept = torch.where(reset, original, torch.maximum(kept, seq_len))
+            if compiling or storable(ids):  # never a tensor of a trace or of vmap
+                self._kept[layer_type] = kept
+        return kept
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__().copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._lock = threading.Lock()
+
+
+# 16_hugging_face.ipynb, cell 35: The speeds of a call
+class _HFTables(_HFState):
+    """An ``HFRotaryEmbedding``'s reading of the family's own rotary module, once,
+    and the speeds of each call."""
+
+    def __init__(self, config: Any, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        with torch.device("cpu"):  # the speeds are computed on the CPU, whatever the
+            self._read(_family(config))  # default device (meta included)
+        if device is not None:
+            self._move(torch.device(device))
+
+    @classmethod
+    def _of(cls, family: _Family) -> HFRotaryEmbedding:
+        """The module for a family already read (``rotary_embedding_from_config``)."""
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        with torch.device("cpu"):
+            module._read(family)
+        return module
+
+    def _read(self, family: _Family) -> None:
+        self.config, self.family = family.config, family.name
+        hf_module, layer_types = _hf_rotary(family)
+        #: the layer types with their own parameters (forward's layer_type), or [None]
+        self.layer_types = layer_types
+        self._layouts = {t: _read_layout(family, hf_module, t) for t in layer_types}
+        #: as transformers' module: the rope_type (a dict per layer type)
+        self.rope_type = {t: v.params["rope_type"] for t, v in self._layouts.items()}
+        self.attention_scaling = {t: v.attention for t, v in self._layouts.items()}
+        if layer_types == [None]:
+            self.rope_type = self.rope_type[None]
+            self.attention_scaling = self.attention_scaling[None]
+        self.mrope_section = self._layouts[layer_types[0]].params.get("mrope_section")
+        self._rows, self._long, self._kept, self._place = _speed_tables(self._layouts)
+        self._lock = threading.Lock()
+        # the CPU originals every device's copy is made from (a meta or fake copy has
+        # no data to copy from)
+        self._home = {
+            "_rows": dict(self._rows), "_long": dict(self._long),
+            "_place": dict(self._place), "_kept": dict(self._kept),
+            "gather": {t: v.gather for t, v in self._layouts.items()},
+        }  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"family={self.family!r}, rope_type={self.rope_type!r}"
+
+    def _layout(self, layer_type: object) -> _Layout:
+        """The layout of ``layer_type``'s tables (forward's argument)."""
+        layout = self._layouts.get(layer_type) if _is_key(layer_type) else None
+        if layout is None:
+            raise _no_layer_type(self.family, layer_type, self.layer_types, "one of")
+        return layout
+
+    def _speeds(self, layout: _Layout, layer_type: str | None, ids: Tensor) -> Tensor:
+        """float64 ``[axes, S]`` speeds for this call, on the positions' device."""
+        rows = self._rows_on(layer_type, ids.device)
+        rope_type = layout.params["rope_type"]
+        _check_exportable(rope_type)
+        if ids.numel() == 0:  # no position: no table, and no length to keep
+            return rows
+        if rope_type == "longrope":  # the long factors past the original length
+            original = layout.params["original_max_position_embeddings"]
+            long = self._long[layer_type].to(ids.device)
+            return torch.where(ids.max() + 1 > original, long, rows)
+        if rope_type != "dynamic":
+            return rows
+        kept = self._grow(layer_type, ids, layout.params["max_position_embeddings"])
+        omega = _frequencies(2 * layout.pairs, layout.params, kept)  # [P]
+        # placed in the slots by a 0/1 matrix: exact, and no index tensor to copy
+        return (omega @ self._place[layer_type].flatten(1)).view_as(rows)
+
+
+# 16_hugging_face.ipynb, cell 36: The speeds of a call
+def _check_exportable(rope_type: str) -> None:
+    """Refuse dynamic NTK where an exported program or a trace would forget its
+    state (its tables depend on the calls before)."""
+    tracing = torch.jit.is_tracing()  # jit.trace, legacy ONNX
+    if rope_type == "dynamic" and (is_exporting() or tracing):
+        raise NotImplementedError(
+            "posenc.HFRotaryEmbedding with rope_type='dynamic' cannot be exported "
+            "by torch.export, torch.jit.trace or torch.onnx.export: its tables "
+            "depend on the calls before, a state that an exported program "
+            "forgets; export a static rope_type (e.g. 'yarn', 'default') or run "
+            "the module eagerly or compiled"
+        )
+
+
+# 16_hugging_face.ipynb, cell 37: The speeds of a call
+def _is_key(layer_type: object) -> bool:
+    return layer_type is None or type(layer_type) is str
+
+
+# 16_hugging_face.ipynb, cell 38: The speeds of a call
+def _no_layer_type(
+    family: str, layer_type: object, layer_types: list, one_of: str
+) -> ValueError:
+    """The error for a ``layer_type`` the family has no tables for; ``one_of``
+    leads the list of those it has."""
+    fix = "pass layer_type=None"
+    if layer_types != [None]:
+        fix = f"pass {one_of} {layer_types}"
+    return ValueError(
+        f"{family} has no rotary parameters for layer_type={layer_type!r}; {fix}"
+    )
+
+
+# 16_hugging_face.ipynb, cell 40: The call
+class HFRotaryEmbedding(_HFTables):
     """A drop-in for the ``rotary_emb`` module of a transformers 5.23 model.
 
     ``model.model.rotary_emb = HFRotaryEmbedding(model.config)`` (for a vision-
@@ -75,118 +302,6 @@ class HFRotaryEmbedding(nn.Module):
             the model, or on the first call on another device).
     """
 
-    def __init__(self, config: Any, device: torch.device | str | None = None) -> None:
-        super().__init__()
-        with torch.device("cpu"):  # the speeds are computed on the CPU, whatever the
-            self._setup(_family(config))  # default device (meta included)
-        if device is not None:
-            self._move(torch.device(device))
-
-    @classmethod
-    def _of(cls, family: _Family) -> HFRotaryEmbedding:
-        """The module for a family already read (``rotary_embedding_from_config``)."""
-        module = cls.__new__(cls)
-        nn.Module.__init__(module)
-        with torch.device("cpu"):
-            module._setup(family)
-        return module
-
-    def _setup(self, family: _Family) -> None:
-        self.config, self.family = family.config, family.name
-        params = getattr(family.config, "rope_parameters", None) or {}
-        nested = getattr(family.config, "nested_rope_parameter_keys", None)
-        keys = nested(params) if callable(nested) else []
-        try:
-            hf_module = family.rotary(config=family.config)
-        except Exception as error:  # transformers' own failure
-            raise ValueError(
-                f"transformers' {family.rotary.__name__} cannot be built from this "
-                f"config ({type(error).__name__}: {error})"
-            ) from error
-        # the layer types with their own parameters that the module holds tables
-        # for (LFM3 builds only those among config.layer_types)
-        typed = [k for k in keys if params[k] is not None]
-        held = [k for k in typed if hasattr(hf_module, f"{k}_inv_freq")]
-        #: the layer types with their own parameters (forward's layer_type), or [None]
-        self.layer_types = sorted(held or typed) or [None]
-        self._layouts = {
-            t: _read_layout(family, hf_module, t) for t in self.layer_types
-        }
-        per_type = self.layer_types != [None]
-        #: as transformers' module: the rope_type (a dict per layer type)
-        self.rope_type = {t: v.params["rope_type"] for t, v in self._layouts.items()}
-        self.attention_scaling = {t: v.attention for t, v in self._layouts.items()}
-        if not per_type:
-            self.rope_type = self.rope_type[None]
-            self.attention_scaling = self.attention_scaling[None]
-        self.mrope_section = self._layouts[self.layer_types[0]].params.get(
-            "mrope_section"
-        )
-        # float64 speeds of each slot per axis, [axes, S] (longrope: also the long
-        # ones); dynamic NTK: the sequence length kept, a 0-d int64 tensor, and the
-        # 0/1 matrix [P, axes * S] that places the P speeds in the slots
-        self._rows, self._long, self._kept, self._place = {}, {}, {}, {}
-        self._lock = threading.Lock()
-        for t, layout in self._layouts.items():
-            rope_type, dim = layout.params["rope_type"], 2 * layout.pairs
-            self._rows[t] = _slot_rows(layout, _frequencies(dim, layout.params, None))
-            if rope_type == "longrope":
-                past = layout.params["original_max_position_embeddings"] + 1
-                self._long[t] = _slot_rows(
-                    layout, _frequencies(dim, layout.params, past)
-                )
-            if rope_type == "dynamic":
-                self._kept[t] = torch.tensor(layout.params["max_position_embeddings"])
-                self._place[t] = _slot_rows(
-                    layout, torch.eye(layout.pairs, dtype=torch.float64)
-                )
-        # the CPU originals every device's copy is made from (a meta or fake copy has
-        # no data to copy from)
-        self._home = {
-            "_rows": dict(self._rows),
-            "_long": dict(self._long),
-            "_place": dict(self._place),
-            "_kept": dict(self._kept),
-            "gather": {t: v.gather for t, v in self._layouts.items()},
-        }
-
-    def extra_repr(self) -> str:
-        return f"family={self.family!r}, rope_type={self.rope_type!r}"
-
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
-        # model.to(device) / .cuda(): the speeds follow the device, never a dtype
-        result = super()._apply(fn, recurse)
-        probe = next(iter(self._rows.values()))
-        with contextlib.suppress(Exception):  # a function that moves no tensor
-            self._move(fn(torch.empty(0, dtype=torch.long, device=probe.device)).device)
-        return result
-
-    def _move(self, device: torch.device) -> None:
-        # copied from the CPU originals into new tensors (Tensor.to, under
-        # FakeTensorMode, runs a real kernel on the fake device for a tensor made
-        # outside it); the dynamic-NTK length kept, from its last real value
-        def copy(value: Tensor) -> Tensor:
-            return torch.empty_like(value, device=device).copy_(value)
-
-        for name in ("_rows", "_long", "_place"):
-            setattr(self, name, {k: copy(v) for k, v in self._home[name].items()})
-        home = self._home["_kept"]
-        self._kept = {
-            k: copy(home[k] if v.device.type == "meta" else v)
-            for k, v in self._kept.items()
-        }
-        for t, layout in self._layouts.items():  # the channel map of an "other" order
-            layout.gather = copy(self._home["gather"][t])
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__().copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._lock = threading.Lock()
-
     def forward(
         self, x: Tensor, position_ids: Tensor, layer_type: str | None = None
     ) -> tuple[Tensor, Tensor] | Tensor:
@@ -207,39 +322,9 @@ class HFRotaryEmbedding(nn.Module):
             returns ``torch.polar`` (DeepSeek-V2, Llama 4), one complex64 tensor
             ``[..., W]``, cos + i·sin.
         """
-        layout = self._layouts.get(layer_type) if _is_key(layer_type) else None
-        if layout is None:
-            fix = "pass layer_type=None"
-            if self.layer_types != [None]:
-                fix = f"pass one of {self.layer_types}"
-            raise ValueError(
-                f"{self.family} has no rotary parameters for "
-                f"layer_type={layer_type!r}; {fix}"
-            )
-        if not (isinstance(x, Tensor) and x.is_floating_point()):
-            raise TypeError(
-                "x must be a floating tensor (the hidden states: the tables take "
-                f"its dtype), got {getattr(x, 'dtype', type(x).__name__)}"
-            )
-        check_computable("x", x, "convert with x.float()")
-        if not isinstance(position_ids, Tensor):
-            raise TypeError(
-                "position_ids must be an integer tensor [batch, seq_len], got "
-                f"{type(position_ids).__name__}"
-            )
-        check_integer_tensor(
-            "position_ids", position_ids, "e.g. torch.arange(seq_len)[None]"
-        )
-        if layout.axes > 1:
-            if position_ids.dim() == 2:  # one position for every axis (text)
-                position_ids = position_ids.expand(layout.axes, -1, -1)
-            if position_ids.dim() != 3 or position_ids.shape[0] != layout.axes:
-                raise ValueError(
-                    f"position_ids must be [{layout.axes}, batch, seq_len] (one row "
-                    "per M-RoPE axis) or [batch, seq_len], got shape "
-                    f"{tuple(position_ids.shape)}"
-                )
-        rows = self._speeds(layout, layer_type, position_ids)
+        layout = self._layout(layer_type)
+        position_ids = _check_call(x, position_ids, layout)
+        rows = self._speeds(layout, layer_type, position_ids)  # [axes, S]
         # θ = p·ω in float64 (integer times float64: exact products); M-RoPE: slot s
         # turns with its axis' position, Σ_a p_a·rows[a, s], a single term
         if layout.axes == 1:
@@ -249,72 +334,46 @@ class HFRotaryEmbedding(nn.Module):
         cos, sin = torch.cos(theta), torch.sin(theta)
         if layout.attention != 1.0:
             cos, sin = cos * layout.attention, sin * layout.attention
-        if layout.complex:
-            return torch.complex(_arrange(cos, layout), _arrange(sin, layout)).to(
-                torch.complex64
-            )
+        if layout.complex:  # torch.polar's cos + i·sin
+            table = torch.complex(_arrange(cos, layout), _arrange(sin, layout))
+            return table.to(torch.complex64)
         dtype = x.dtype if layout.follows_input else torch.float32
-        # rounded once (float16, bfloat16: _round_once; float32: one conversion),
-        # then laid out
+        # rounded once (float16, bfloat16: _round_once; float32: one conversion)
         cos, sin = _round_once(cos, dtype), _round_once(sin, dtype)
         return _arrange(cos, layout), _arrange(sin, layout)
 
-    def _speeds(self, layout: _Layout, layer_type: str | None, ids: Tensor) -> Tensor:
-        """float64 ``[axes, S]`` speeds for this call, on the positions' device."""
-        rows = self._rows[layer_type]
-        if rows.device != ids.device:
-            if torch.compiler.is_compiling():
-                rows = rows.to(ids.device)
-            else:
-                self._move(ids.device)
-                rows = self._rows[layer_type]
-        rope_type = layout.params["rope_type"]
-        tracing = torch.jit.is_tracing()  # jit.trace, legacy ONNX
-        if rope_type == "dynamic" and (is_exporting() or tracing):
-            # an exported program or a trace would forget the state
-            raise NotImplementedError(
-                "posenc.HFRotaryEmbedding with rope_type='dynamic' cannot be exported "
-                "by torch.export, torch.jit.trace or torch.onnx.export: its tables "
-                "depend on the calls before, a state that an exported program "
-                "forgets; export a static rope_type (e.g. 'yarn', 'default') or run "
-                "the module eagerly or compiled"
+
+# 16_hugging_face.ipynb, cell 41: The call
+def _check_call(x: object, position_ids: object, layout: _Layout) -> Tensor:
+    """``forward``'s x and position_ids checked; M-RoPE's position_ids as
+    ``[axes, batch, seq_len]`` (``[batch, seq_len]`` given to every axis)."""
+    if not (isinstance(x, Tensor) and x.is_floating_point()):
+        raise TypeError(
+            "x must be a floating tensor (the hidden states: the tables take "
+            f"its dtype), got {getattr(x, 'dtype', type(x).__name__)}"
+        )
+    check_computable("x", x, "convert with x.float()")
+    if not isinstance(position_ids, Tensor):
+        raise TypeError(
+            "position_ids must be an integer tensor [batch, seq_len], got "
+            f"{type(position_ids).__name__}"
+        )
+    check_integer_tensor(
+        "position_ids", position_ids, "e.g. torch.arange(seq_len)[None]"
+    )
+    if layout.axes > 1:
+        if position_ids.dim() == 2:  # one position for every axis (text)
+            position_ids = position_ids.expand(layout.axes, -1, -1)
+        if position_ids.dim() != 3 or position_ids.shape[0] != layout.axes:
+            raise ValueError(
+                f"position_ids must be [{layout.axes}, batch, seq_len] (one row "
+                "per M-RoPE axis) or [batch, seq_len], got shape "
+                f"{tuple(position_ids.shape)}"
             )
-        if ids.numel() == 0:  # no position: no table, and no length to keep
-            return rows
-        if rope_type == "longrope":  # the long factors past the original length
-            original = layout.params["original_max_position_embeddings"]
-            long = self._long[layer_type].to(ids.device)
-            return torch.where(ids.max() + 1 > original, long, rows)
-        if rope_type != "dynamic":
-            return rows
-        # transformers' dynamic_frequency_update, on the device: grow to the
-        # sequence, or fall back to the original length below it
-        seq_len, original = ids.max() + 1, layout.params["max_position_embeddings"]
-        compiling = torch.compiler.is_compiling()
-        with self._lock if not compiling else contextlib.nullcontext():
-            kept = self._kept[layer_type].to(ids.device)
-            reset = (seq_len < original) & (kept > original)
-            kept = torch.where(reset, original, torch.maximum(kept, seq_len))
-            if compiling or storable(ids):  # never a tensor of a trace or of vmap
-                self._kept[layer_type] = kept
-        omega = _frequencies(2 * layout.pairs, layout.params, kept)  # [P]
-        # placed in the slots by a 0/1 matrix: exact, and no index tensor to copy
-        return (omega @ self._place[layer_type].flatten(1)).view_as(rows)
+    return position_ids
 
 
-def _is_key(layer_type: object) -> bool:
-    return layer_type is None or type(layer_type) is str
-
-
-def _slot_rows(layout: _Layout, omega: Tensor) -> Tensor:
-    """``[*, axes, S]``: row a holds the speed of each slot on axis a, 0 elsewhere,
-    for speeds ``omega [*, P]`` (on the CPU)."""
-    slots = torch.arange(layout.axis.numel())
-    rows = omega.new_zeros(*omega.shape[:-1], layout.axes, slots.numel())
-    rows[..., layout.axis, slots] = omega[..., layout.pair]
-    return rows
-
-
+# 16_hugging_face.ipynb, cell 42: The call
 def _arrange(table: Tensor, layout: _Layout) -> Tensor:
     """The slots ``[..., S]`` as the family's channels ``[..., W]``."""
     if layout.form == "halves":
@@ -326,7 +385,7 @@ def _arrange(table: Tensor, layout: _Layout) -> Tensor:
     return table.index_select(-1, layout.gather)
 
 
-# 16_hugging_face.ipynb, cell 16: Every rotary module of a model: `posenc.swap_rotary`
+# 16_hugging_face.ipynb, cell 46: Every rotary module of a model: `posenc.swap_rotary`
 def _not_replaceable(module: nn.Module) -> str | None:
     """None for a rotary module ``swap_rotary`` replaces; why not for another rotary
     module of transformers; "" for a module that is none."""
@@ -358,6 +417,7 @@ def _not_replaceable(module: nn.Module) -> str | None:
     return None
 
 
+# 16_hugging_face.ipynb, cell 47: Every rotary module of a model: `posenc.swap_rotary`
 def _config_of(model: nn.Module, path: str, module: nn.Module) -> Any:
     """The module's own config, else that of the nearest enclosing module with one."""
     own = getattr(module, "config", None)
@@ -371,6 +431,7 @@ def _config_of(model: nn.Module, path: str, module: nn.Module) -> Any:
     raise ValueError("neither it nor a module around it has a config")
 
 
+# 16_hugging_face.ipynb, cell 48: Every rotary module of a model: `posenc.swap_rotary`
 def _posenc_rotary(module: nn.Module, config: Any) -> HFRotaryEmbedding:
     """posenc's module for transformers' ``module``, built from ``config``."""
     if not (hasattr(config, "to_dict") and hasattr(config, "model_type")):
@@ -385,7 +446,7 @@ def _posenc_rotary(module: nn.Module, config: Any) -> HFRotaryEmbedding:
     return HFRotaryEmbedding._of(family)
 
 
-# 16_hugging_face.ipynb, cell 17: Every rotary module of a model: `posenc.swap_rotary`
+# 16_hugging_face.ipynb, cell 49: Every rotary module of a model: `posenc.swap_rotary`
 def swap_rotary(model: nn.Module) -> dict[str, str]:
     """Replace every rotary module of a transformers model with posenc's.
 
@@ -412,6 +473,7 @@ def swap_rotary(model: nn.Module) -> dict[str, str]:
     return _swap_rotary(model, _posenc_rotary)
 
 
+# 16_hugging_face.ipynb, cell 50: Every rotary module of a model: `posenc.swap_rotary`
 def _swap_rotary(
     model: nn.Module, make: Callable[[nn.Module, Any], nn.Module]
 ) -> dict[str, str]:
@@ -450,7 +512,7 @@ def _swap_rotary(
     return {path: type(module).__name__ for path, module in found}
 
 
-# 16_hugging_face.ipynb, cell 21: The layout of q and k: `RotaryEmbedding.from_hf_con...
+# 16_hugging_face.ipynb, cell 65: `rotary_embedding_from_config`
 def rotary_embedding_from_config(
     config: Any, *, layer_type: str | None = None, **kwargs: Any
 ) -> RotaryEmbedding:
@@ -485,14 +547,8 @@ def rotary_embedding_from_config(
     family = _family(config)
     tables = HFRotaryEmbedding._of(family)
     if layer_type not in tables.layer_types:
-        fix = (
-            "pass layer_type=None"
-            if tables.layer_types == [None]
-            else (f"pass layer_type= one of {tables.layer_types}")
-        )
-        raise ValueError(
-            f"{family.name} has no rotary parameters for "
-            f"layer_type={layer_type!r}; {fix}"
+        raise _no_layer_type(
+            family.name, layer_type, tables.layer_types, "layer_type= one of"
         )
     layout = tables._layouts[layer_type]
     _, dropped = _hf_parameters(family, layer_type)
@@ -506,6 +562,21 @@ def rotary_embedding_from_config(
     params = dict(layout.params)
     if layout.axes > 1:
         params["mrope_interleaved"] = _mrope_interleaved(layout)
+    qk_layout, head_dim, rotary_dim = _qk_layout(family, tables, layer_type, params)
+    return RotaryEmbedding(
+        head_dim, layout=qk_layout, rotary_dim=rotary_dim, scaling=params, **kwargs
+    )
+
+
+# 16_hugging_face.ipynb, cell 66: `rotary_embedding_from_config`
+def _qk_layout(
+    family: _Family, tables: HFRotaryEmbedding, layer_type: str | None, params: dict
+) -> tuple[str, int, int | None]:
+    """The layout of the checkpoint's q and k (``"half"`` or ``"interleaved"``),
+    the head_dim the family rotates and the rotary_dim posenc's module takes: the
+    one layout whose scores ⟨q_m, k_n⟩ of unit vectors at two positions are those
+    of every rotation function of the family's attention."""
+    layout = tables._layouts[layer_type]
     functions = _rotation_functions(family)
     if not functions:
         raise ValueError(
@@ -557,12 +628,10 @@ def rotary_embedding_from_config(
             "posenc cannot tell the layout of its channels; HFRotaryEmbedding swaps "
             "into the family's own attention"
         )
-    return RotaryEmbedding(
-        head_dim, layout=fits[0], rotary_dim=rotary_dim, scaling=params, **kwargs
-    )
+    return fits[0], head_dim, rotary_dim
 
 
-# 16_hugging_face.ipynb, cell 22: The layout of q and k: `RotaryEmbedding.from_hf_con...
+# 16_hugging_face.ipynb, cell 67: `rotary_embedding_from_config`
 def _from_hf_config(cls: type, config: Any, **kwargs: Any) -> RotaryEmbedding:
     """A module for a transformers checkpoint: head_dim, rotated channels, base,
     scaling and its q/k layout, from ``config`` and the installed transformers

@@ -25,23 +25,7 @@ ROPE_TYPES = (
 )  # fmt: skip
 
 
-# 14_rope_scaling.ipynb, cell 11: Reading a `rope_parameters` dict
-def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
-    """``rotary_dim`` checked against ``head_dim`` (``None`` means all channels)."""
-    if rotary_dim is None:
-        return head_dim
-    what = "the number of rotated channels"
-    rotary_dim = check_even("rotary_dim", rotary_dim, what, str(head_dim))
-    if rotary_dim > head_dim:
-        raise ValueError(
-            f"rotary_dim must be <= head_dim={head_dim} (only the first rotary_dim "
-            f"channels are rotated), got {rotary_dim}; pass rotary_dim=None to "
-            "rotate all of them"
-        )
-    return rotary_dim
-
-
-# 14_rope_scaling.ipynb, cell 12: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 12: The keys each type reads
 #: The keys each rope_type reads (Hugging Face's names), besides the common ones.
 _TYPE_KEYS: dict[str, tuple[str, ...]] = {
     "default": (),
@@ -70,6 +54,7 @@ _COMMON_KEYS = (
 )  # fmt: skip
 
 
+# 14_rope_scaling.ipynb, cell 14: Numbers, lengths and lists
 def _param_number(
     params: dict[str, Any], key: str, *, low: float, strict: bool = True
 ) -> float:
@@ -85,6 +70,7 @@ def _param_number(
     return float(value)
 
 
+# 14_rope_scaling.ipynb, cell 15: Numbers, lengths and lists
 #: What to add when the model's own length is missing from a plain dict.
 _ADD_LENGTH = (
     "Hugging Face keeps it outside rope_parameters: pass scaling={**config."
@@ -93,7 +79,6 @@ _ADD_LENGTH = (
 )
 
 
-# 14_rope_scaling.ipynb, cell 13: Reading a `rope_parameters` dict
 def _param_int(params: dict[str, Any], key: str, rope_type: str) -> int:
     """``params[key]`` (a context length) as a positive int."""
     if key == "max_position_embeddings" and key not in params:
@@ -113,7 +98,7 @@ def _param_int(params: dict[str, Any], key: str, rope_type: str) -> int:
     return int(value)
 
 
-# 14_rope_scaling.ipynb, cell 14: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 16: Numbers, lengths and lists
 def _param_list(params: dict[str, Any], key: str, *, ints: bool) -> list:
     value = params[key]
     kind = (numbers.Integral,) if ints else (numbers.Real,)
@@ -128,7 +113,7 @@ def _param_list(params: dict[str, Any], key: str, *, ints: bool) -> list:
     return [int(v) if ints else float(v) for v in value]
 
 
-# 14_rope_scaling.ipynb, cell 15: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 18: A dict per layer type
 def _per_layer_type(scaling: Mapping) -> bool:
     """Whether ``scaling`` holds one dict per layer type (Gemma 3 and 4, Olmo 3):
     every value a dict (or None, a layer type without rotary embeddings)."""
@@ -137,7 +122,7 @@ def _per_layer_type(scaling: Mapping) -> bool:
     )
 
 
-# 14_rope_scaling.ipynb, cell 16: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 19: A dict per layer type
 def _select_layer_type(scaling: Mapping, layer_type: object) -> Mapping:
     """The parameters of ``layer_type`` from a per-layer-type dict, checked."""
     types = sorted(map(str, scaling))
@@ -157,14 +142,10 @@ def _select_layer_type(scaling: Mapping, layer_type: object) -> Mapping:
     return chosen
 
 
-# 14_rope_scaling.ipynb, cell 17: Reading a `rope_parameters` dict
-def _rope_parameters(
-    scaling: object, base: object, layer_type: object = None
-) -> dict[str, Any]:
-    """A checked copy of ``scaling`` (a Hugging Face ``rope_parameters`` or
-    ``rope_scaling`` dict, or one dict per layer type and ``layer_type``) with
-    ``rope_type``, ``rope_theta`` and the defaults transformers applies: the one
-    description every table is computed from."""
+# 14_rope_scaling.ipynb, cell 20: A dict per layer type
+def _one_layer_type(scaling: object, layer_type: object) -> Mapping:
+    """``scaling`` (None: ``{}``) as one dict: a dict per layer type gives that of
+    ``layer_type``, which is refused for a dict that is not keyed by type."""
     if scaling is None:
         scaling = {}
     if not isinstance(scaling, Mapping):
@@ -174,28 +155,26 @@ def _rope_parameters(
             f"{type(scaling).__name__}"
         )
     if _per_layer_type(scaling):
-        scaling = _select_layer_type(scaling, layer_type)
-    elif layer_type is not None:
+        return _select_layer_type(scaling, layer_type)
+    if layer_type is not None:
         raise ValueError(
             f"layer_type={layer_type!r} was given, but scaling is not keyed by layer "
             "type (a rope_parameters dict such as Gemma 3's holds one dict per "
             "type); pass layer_type=None"
         )
-    params = dict(scaling)
-    rope_type, legacy = params.pop("rope_type", None), params.pop("type", None)
-    # "mrope" (Qwen2-VL's name): default frequencies, split by mrope_section
-    rope_type, legacy = (None if t is None else "default" if t == "mrope" else t
-                         for t in (rope_type, legacy))  # fmt: skip
-    if rope_type is not None and legacy is not None and rope_type != legacy:
-        raise ValueError(
-            f"scaling has rope_type={rope_type!r} and type={legacy!r}; keep one"
-        )
-    rope_type = rope_type if rope_type is not None else legacy or "default"
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(
-            f"scaling['rope_type'] must be one of {', '.join(map(repr, ROPE_TYPES))}, "
-            f"got {rope_type!r}"
-        )
+    return scaling
+
+
+# 14_rope_scaling.ipynb, cell 22: The checked dict
+def _rope_parameters(
+    scaling: object, base: object, layer_type: object = None
+) -> dict[str, Any]:
+    """A checked copy of ``scaling`` (a Hugging Face ``rope_parameters`` or
+    ``rope_scaling`` dict, or one dict per layer type and ``layer_type``) with
+    ``rope_type``, ``rope_theta`` and the defaults transformers applies: the one
+    description every table is computed from."""
+    params = dict(_one_layer_type(scaling, layer_type))
+    rope_type = _rope_type(params)
     known = _COMMON_KEYS + _TYPE_KEYS[rope_type]
     unknown = sorted(set(params) - set(known))
     if unknown:
@@ -212,6 +191,43 @@ def _rope_parameters(
     given = base if base is not None else theta
     params["rope_theta"] = check_base(10000.0 if given is None else given)
     params["rope_type"] = rope_type
+    _check_shared_keys(params, rope_type)
+    _check_factor(params, rope_type)
+    if rope_type == "yarn":
+        _check_yarn(params)
+    if rope_type == "llama3":
+        _check_llama3(params)
+    if rope_type == "longrope":
+        _check_longrope(params)
+    return params
+
+
+# 14_rope_scaling.ipynb, cell 23: The checked dict
+def _rope_type(params: dict[str, Any]) -> str:
+    """The ``rope_type`` of ``params`` (or its older name ``type``), both taken
+    out of it: ``"default"`` if neither is given."""
+    rope_type, legacy = params.pop("rope_type", None), params.pop("type", None)
+    # "mrope" (Qwen2-VL's name): default frequencies, split by mrope_section
+    rope_type, legacy = (None if t is None else "default" if t == "mrope" else t
+                         for t in (rope_type, legacy))  # fmt: skip
+    if rope_type is not None and legacy is not None and rope_type != legacy:
+        raise ValueError(
+            f"scaling has rope_type={rope_type!r} and type={legacy!r}; keep one"
+        )
+    rope_type = rope_type if rope_type is not None else legacy or "default"
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(
+            f"scaling['rope_type'] must be one of {', '.join(map(repr, ROPE_TYPES))}, "
+            f"got {rope_type!r}"
+        )
+    return rope_type
+
+
+# 14_rope_scaling.ipynb, cell 24: The checked dict
+def _check_shared_keys(params: dict[str, Any], rope_type: str) -> None:
+    """The keys every type accepts, checked where given (in place): the context
+    lengths, ``partial_rotary_factor`` and M-RoPE's ``mrope_section`` and
+    ``mrope_interleaved``."""
     for key in ("max_position_embeddings", "original_max_position_embeddings"):
         if key in params:
             _param_int(params, key, rope_type)
@@ -229,6 +245,12 @@ def _rope_parameters(
             "take turns pair by pair) or False (Qwen2-VL: one block of pairs per "
             f"axis), got {params['mrope_interleaved']!r}"
         )
+
+
+# 14_rope_scaling.ipynb, cell 25: The checked dict
+def _check_factor(params: dict[str, Any], rope_type: str) -> None:
+    """The context lengths and ``factor`` a type reads, with transformers'
+    defaults, and YaRN's and LongRoPE's ``attention_factor`` (in place)."""
     if rope_type in ("yarn", "llama3", "longrope"):
         # as transformers' standardize_rope_params: the original length defaults to
         # the config's max_position_embeddings
@@ -267,48 +289,61 @@ def _rope_parameters(
     if rope_type in ("yarn", "longrope") and params.get("attention_factor") is not None:
         # it multiplies cos and sin: 0 would zero every query and key
         params["attention_factor"] = _param_number(params, "attention_factor", low=0.0)
-    if rope_type == "yarn":
-        for key in ("mscale", "mscale_all_dim"):
-            if params.get(key) is not None:
-                params[key] = _param_number(params, key, low=0.0, strict=False)
-        for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
-            # transformers: `rope_parameters.get(key) or default`
-            value = params.get(key) or default
-            params[key] = _param_number({key: value}, key, low=0.0)
-        if params["beta_fast"] < params["beta_slow"]:
-            # the ramp would run backwards, slowing the fastest pairs
-            raise ValueError(
-                "scaling['beta_fast'] (turns over the original context above which "
-                "a pair is kept) must be >= scaling['beta_slow'] (below which it is "
-                f"slowed), got {params['beta_fast']} and {params['beta_slow']}; "
-                "YaRN's defaults are 32 and 1"
-            )
-        if not isinstance(params.setdefault("truncate", True), bool):
-            raise TypeError(
-                f"scaling['truncate'] must be True or False, got {params['truncate']!r}"
-            )
-    if rope_type == "llama3":
-        for key in ("low_freq_factor", "high_freq_factor"):
-            if key not in params:
-                raise ValueError(f"rope_type 'llama3' needs scaling[{key!r}]")
-            params[key] = _param_number(params, key, low=0.0)
-        if params["high_freq_factor"] <= params["low_freq_factor"]:
-            raise ValueError(
-                "scaling['high_freq_factor'] must be > scaling['low_freq_factor'], "
-                f"got {params['high_freq_factor']} and {params['low_freq_factor']}"
-            )
-    if rope_type == "longrope":
-        for key in ("short_factor", "long_factor"):
-            if key not in params:
-                raise ValueError(
-                    f"rope_type 'longrope' needs scaling[{key!r}] (one factor per "
-                    "pair of channels)"
-                )
-            params[key] = _param_list(params, key, ints=False)
-    return params
 
 
-# 14_rope_scaling.ipynb, cell 18: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 26: The checked dict
+def _check_yarn(params: dict[str, Any]) -> None:
+    """YaRN's ``mscale``, ``mscale_all_dim``, ``beta_fast``, ``beta_slow`` and
+    ``truncate``, with transformers' defaults (in place)."""
+    for key in ("mscale", "mscale_all_dim"):
+        if params.get(key) is not None:
+            params[key] = _param_number(params, key, low=0.0, strict=False)
+    for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+        # transformers: `rope_parameters.get(key) or default`
+        value = params.get(key) or default
+        params[key] = _param_number({key: value}, key, low=0.0)
+    if params["beta_fast"] < params["beta_slow"]:
+        # the ramp would run backwards, slowing the fastest pairs
+        raise ValueError(
+            "scaling['beta_fast'] (turns over the original context above which "
+            "a pair is kept) must be >= scaling['beta_slow'] (below which it is "
+            f"slowed), got {params['beta_fast']} and {params['beta_slow']}; "
+            "YaRN's defaults are 32 and 1"
+        )
+    if not isinstance(params.setdefault("truncate", True), bool):
+        raise TypeError(
+            f"scaling['truncate'] must be True or False, got {params['truncate']!r}"
+        )
+
+
+# 14_rope_scaling.ipynb, cell 27: The checked dict
+def _check_llama3(params: dict[str, Any]) -> None:
+    """Llama 3's ``low_freq_factor`` < ``high_freq_factor`` (in place)."""
+    for key in ("low_freq_factor", "high_freq_factor"):
+        if key not in params:
+            raise ValueError(f"rope_type 'llama3' needs scaling[{key!r}]")
+        params[key] = _param_number(params, key, low=0.0)
+    if params["high_freq_factor"] <= params["low_freq_factor"]:
+        raise ValueError(
+            "scaling['high_freq_factor'] must be > scaling['low_freq_factor'], "
+            f"got {params['high_freq_factor']} and {params['low_freq_factor']}"
+        )
+
+
+# 14_rope_scaling.ipynb, cell 28: The checked dict
+def _check_longrope(params: dict[str, Any]) -> None:
+    """LongRoPE's ``short_factor`` and ``long_factor`` lists (in place); their
+    length is checked against the rotated width by ``_rotated_width``."""
+    for key in ("short_factor", "long_factor"):
+        if key not in params:
+            raise ValueError(
+                f"rope_type 'longrope' needs scaling[{key!r}] (one factor per "
+                "pair of channels)"
+            )
+        params[key] = _param_list(params, key, ints=False)
+
+
+# 14_rope_scaling.ipynb, cell 30: The rotated channels
 def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     """The number of rotated channels: ``rotary_dim``, or ``int(head_dim *
     partial_rotary_factor)`` as transformers computes it, or ``head_dim`` (and
@@ -326,7 +361,7 @@ def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) ->
     return width
 
 
-# 14_rope_scaling.ipynb, cell 19: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 31: The rotated channels
 def _width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     factor = params.get("partial_rotary_factor")
     if params["rope_type"] == "proportional":
@@ -356,7 +391,23 @@ def _width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     return from_factor
 
 
-# 14_rope_scaling.ipynb, cell 20: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 32: The rotated channels
+def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
+    """``rotary_dim`` checked against ``head_dim`` (``None`` means all channels)."""
+    if rotary_dim is None:
+        return head_dim
+    what = "the number of rotated channels"
+    rotary_dim = check_even("rotary_dim", rotary_dim, what, str(head_dim))
+    if rotary_dim > head_dim:
+        raise ValueError(
+            f"rotary_dim must be <= head_dim={head_dim} (only the first rotary_dim "
+            f"channels are rotated), got {rotary_dim}; pass rotary_dim=None to "
+            "rotate all of them"
+        )
+    return rotary_dim
+
+
+# 14_rope_scaling.ipynb, cell 34: The speeds of each type
 def _frequencies(
     dim: int, params: dict[str, Any], seq_len: int | Tensor | None
 ) -> Tensor:
@@ -406,7 +457,7 @@ def _frequencies(
     return omega
 
 
-# 14_rope_scaling.ipynb, cell 21: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 35: The speeds of each type
 def _ntk_base(params: dict[str, Any], dim: int, n: Any) -> Any:
     """Dynamic NTK's base for a sequence of n >= L tokens (an int, or a float64
     tensor): base·(s·n/L − (s − 1))^(d/(d − 2))."""
@@ -414,7 +465,7 @@ def _ntk_base(params: dict[str, Any], dim: int, n: Any) -> Any:
     return params["rope_theta"] * ((s * n / length) - (s - 1)) ** (dim / (dim - 2))
 
 
-# 14_rope_scaling.ipynb, cell 22: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 36: The speeds of each type
 def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tensor:
     """YaRN: pairs that turn more than beta_fast times over the original context
     keep ω_i, those that turn fewer than beta_slow times take ω_i / s, a linear
@@ -435,7 +486,7 @@ def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tenso
     return omega / s * ramp + omega * (1 - ramp)
 
 
-# 14_rope_scaling.ipynb, cell 23: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 37: The speeds of each type
 def _llama3(omega: Tensor, params: dict[str, Any]) -> Tensor:
     """Llama 3.1: wavelengths above L / low_freq_factor slowed by s, below
     L / high_freq_factor kept, blended in between (L = the original context)."""
@@ -449,7 +500,7 @@ def _llama3(omega: Tensor, params: dict[str, Any]) -> Tensor:
     return torch.where(medium, blended, slowed)
 
 
-# 14_rope_scaling.ipynb, cell 24: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 38: The speeds of each type
 def _attention_factor(params: dict[str, Any]) -> float:
     """The factor transformers multiplies cos and sin by (YaRN, LongRoPE), as a
     Python float computed by the same expression: 1.0 for the other types."""
@@ -472,7 +523,7 @@ def _attention_factor(params: dict[str, Any]) -> float:
     return mscale(s)
 
 
-# 14_rope_scaling.ipynb, cell 25: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 40: `rotary_frequencies`
 def rotary_frequencies(
     head_dim: int,
     *,
@@ -549,7 +600,7 @@ def rotary_frequencies(
     return _frequencies(dim, params, seq_len), _attention_factor(params)
 
 
-# 14_rope_scaling.ipynb, cell 26: Reading a `rope_parameters` dict
+# 14_rope_scaling.ipynb, cell 42: For the rotary modules: frozen parameters and posit...
 def _frozen(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """``params`` as a sorted tuple of items (lists as tuples): hashable, and a
     constant for torch.compile."""
@@ -558,6 +609,7 @@ def _frozen(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     )
 
 
+# 14_rope_scaling.ipynb, cell 43: For the rotary modules: frozen parameters and posit...
 def _frequencies_of(
     widths: Sequence[int],
     params: dict[str, Any],
@@ -573,6 +625,7 @@ def _frequencies_of(
     return _per_axis(omega, sections, params.get("mrope_interleaved", False))
 
 
+# 14_rope_scaling.ipynb, cell 44: For the rotary modules: frozen parameters and posit...
 def _axis_of_pairs(pairs: int, sections: Sequence[int], interleaved: bool) -> Tensor:
     """The position axis of each pair, ``[pairs]``: ``sections[a]`` consecutive
     pairs per axis (Qwen2-VL), or, interleaved (Qwen3-VL's ``mrope_interleaved``),
@@ -588,6 +641,7 @@ def _axis_of_pairs(pairs: int, sections: Sequence[int], interleaved: bool) -> Te
     return axis
 
 
+# 14_rope_scaling.ipynb, cell 45: For the rotary modules: frozen parameters and posit...
 def _per_axis(
     omega: Tensor, sections: Sequence[int], interleaved: bool = False
 ) -> Tensor:
@@ -597,6 +651,7 @@ def _per_axis(
     return rows.scatter_(0, axis[None], omega[None])
 
 
+# 14_rope_scaling.ipynb, cell 46: For the rotary modules: frozen parameters and posit...
 def _check_axes_dim(axes_dim: object, rotary_dim: int) -> tuple[int, ...]:
     fix = f"e.g. axes_dim=[{rotary_dim // 2}, {rotary_dim // 2}] for an image grid"
     if not (
