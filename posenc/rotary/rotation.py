@@ -22,7 +22,7 @@ from posenc._checks import (
     check_even,
     in_torch_func,
 )
-from posenc._tables import assume_constant_result, is_exporting, storable
+from posenc._tables import cached_table, is_exporting
 from posenc.rotary._args import (
     ROTARY_LAYOUTS,
     _check_inputs,
@@ -43,7 +43,7 @@ _CHUNK = 1 << 12  # positions per block of float64 angles: a few MiB besides a t
 _STACK_LIMIT = 1 << 16  # q and k of at most this many elements are rotated stacked
 
 
-# 06_rotary.ipynb, cell 13: The implementation
+# 06_rotary.ipynb, cell 13: The rotation
 def _rotate(
     x: Tensor, cos: Tensor, sin: Tensor, layout: str, seq_dim: int, dims: int = 0
 ) -> Tensor:
@@ -71,7 +71,7 @@ def _rotate(
     return out.to(x.dtype) if low else out
 
 
-# 06_rotary.ipynb, cell 15: The implementation
+# 06_rotary.ipynb, cell 15: The tables
 def _tables_at(
     rope: _Rope, positions: Tensor, dtype: torch.dtype, seq_len: int | None = None,
     traced: bool = True,
@@ -113,7 +113,7 @@ def _tables_at(
     return cos.view(*lead, r), sin.view(*lead, r)
 
 
-# 06_rotary.ipynb, cell 16: The implementation
+# 06_rotary.ipynb, cell 16: The tables
 def _values(
     rope: _Rope, omega: Tensor, positions: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
@@ -133,7 +133,7 @@ def _values(
     return out[0], out[1]
 
 
-# 06_rotary.ipynb, cell 18: The implementation
+# 06_rotary.ipynb, cell 18: The tables
 # Under torch.compile and torch.export the tables are the same eager kernels,
 # called as one opaque operator: compiled and exported programs agree bitwise
 # with eager mode on the CPU (inductor's own float64 sin/cos may differ in the
@@ -177,7 +177,7 @@ else:  # older torch: traced like any other code (agrees to rounding, not bitwis
     _tables_op = _tables_described
 
 
-# 06_rotary.ipynb, cell 20: The implementation
+# 06_rotary.ipynb, cell 20: The functions
 def rotary_cos_sin(
     positions: int | Tensor,
     head_dim: int,
@@ -241,6 +241,47 @@ def rotary_cos_sin(
     return _tables_at(rope, positions, dtype, seq_len)
 
 
+# 06_rotary.ipynb, cell 21: The functions
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype ``x`` is rotated in, and its tables': float32 for float16 and
+    bfloat16 (rounded once to x's dtype at the end), else x's own."""
+    return torch.float32 if x.dtype in _HALF else x.dtype
+
+
+# 06_rotary.ipynb, cell 22: The functions
+def _rope_of(x: Tensor, rotary_dim: object, **settings: Any) -> _Rope:
+    """``apply_rotary``'s settings for the heads of ``x``, checked."""
+    if rotary_dim is None and x.shape[-1] % 2:
+        raise ValueError(
+            f"x's last dimension (head_dim) must be even to rotate all channels in "
+            f"pairs, got shape {tuple(x.shape)}; pass an even rotary_dim < "
+            f"{x.shape[-1]} to rotate only the first channels"
+        )
+    rope = _rope(x.shape[-1], rotary_dim=rotary_dim, **settings)
+    rope.check_traceable()
+    return rope
+
+
+# 06_rotary.ipynb, cell 23: The functions
+def _positions_of(
+    x: Tensor, positions: object, rope: _Rope, seq_dim: int
+) -> tuple[Tensor, int | None]:
+    """The positions of ``x``'s tokens, on x's device: ``positions`` checked, or
+    ``offset, offset + 1, ...`` for an int offset (None: 0); and the sequence
+    length of dynamic NTK's frequencies (None: any other rope_type)."""
+    if isinstance(positions, Tensor):
+        positions = _check_positions(positions, rope)
+        _check_inputs(x, None, None, seq_dim, positions, rope)
+        seq_len = _length(positions) if rope.dynamic else None
+        return positions.to(x.device), seq_len
+    offset = _check_offset(
+        0 if positions is None else positions, None, rope, "positions"
+    )
+    end = offset + x.shape[seq_dim]
+    return torch.arange(offset, end, device=x.device), end if rope.dynamic else None
+
+
+# 06_rotary.ipynb, cell 24: The functions
 def apply_rotary(
     x: Tensor,
     positions: Tensor | int | None = None,
@@ -301,60 +342,89 @@ def apply_rotary(
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
         return _rotate(x, cos, sin, layout, seq_dim)
-    if rotary_dim is None and x.shape[-1] % 2:
-        raise ValueError(
-            f"x's last dimension (head_dim) must be even to rotate all channels in "
-            f"pairs, got shape {tuple(x.shape)}; pass an even rotary_dim < "
-            f"{x.shape[-1]} to rotate only the first channels"
-        )
-    rope = _rope(
-        x.shape[-1], base=base, layout=layout, rotary_dim=rotary_dim,
-        scaling=scaling, axes_dim=axes_dim,
-    )  # fmt: skip
-    rope.check_traceable()
-    dtype = torch.float32 if x.dtype in _HALF else x.dtype
-    if isinstance(positions, Tensor):
-        positions = _check_positions(positions, rope)
-        _check_inputs(x, None, None, seq_dim, positions, rope)
-        seq_len = _length(positions) if rope.dynamic else None
-        positions = positions.to(x.device)
-    else:
-        offset = _check_offset(
-            0 if positions is None else positions, None, rope, "positions"
-        )
-        seq_len = offset + x.shape[seq_dim]
-        positions = torch.arange(offset, seq_len, device=x.device)
-        seq_len = seq_len if rope.dynamic else None
-    cos, sin = _tables_at(rope, positions, dtype, seq_len)
+    rope = _rope_of(
+        x, rotary_dim, base=base, layout=layout, scaling=scaling, axes_dim=axes_dim
+    )
+    positions, seq_len = _positions_of(x, positions, rope, seq_dim)
+    cos, sin = _tables_at(rope, positions, _compute_dtype(x), seq_len)
     return _rotate(x, cos, sin, layout, seq_dim)
 
 
-# 06_rotary.ipynb, cell 22: The implementation
-@assume_constant_result
-def _fill_cache(
-    module: RotaryEmbedding, device: torch.device, dtype: torch.dtype, mark: bool
-) -> bool:
-    """Build ``module``'s table of positions ``0 .. max_len-1`` for (device, dtype)
-    once, outside inference mode (for autograd later). Under torch.compile dynamo
-    runs this eagerly while tracing; the graph reads the table, marked static."""
-    key = (device, dtype)
-    if key not in module._tables:
-        with torch.inference_mode(False):
-            positions = torch.arange(module._cached_len, device=device)
-            module._tables[key] = _tables_at(module._rope, positions, dtype)
-    if mark:
-        for table in module._tables[key]:
-            torch._dynamo.mark_static_address(table)
-    return True
+# 06_rotary.ipynb, cell 26: The module
+def _frequency_length(
+    module: RotaryEmbedding, positions: Tensor | None, end: int
+) -> int | None:
+    """The sequence length of the frequencies for a call (None: the initial ones),
+    after the module's state has recorded the call: ``positions``, or (None) the
+    positions up to ``end`` - 1. longrope keeps the call's length, read on the
+    host only when asked for (``frequencies``); dynamic NTK keeps, as transformers'
+    ``dynamic_frequency_update``, the longest sequence seen, back to the original
+    length below it."""
+    rope = module._rope
+    if rope.switch and not torch.compiler.is_compiling():
+        if positions is None:
+            module._seq_len = end
+        elif positions.numel():
+            module._seq_len = positions.max() + 1  # read when asked for
+    if not rope.dynamic:
+        return None
+    if positions is not None:
+        end = _length(positions)
+        if end is None:  # no values to read (meta): the kept length
+            return module._seq_len
+    original = rope.params["max_position_embeddings"]
+    with module._lock:  # one update at a time
+        kept = max(module._seq_len or original, end)
+        if end < original:
+            kept = original
+        module._seq_len = kept if kept > original else None
+        return module._seq_len
 
 
+# 06_rotary.ipynb, cell 27: The module
+def _checked(
+    module: RotaryEmbedding,
+    x: Tensor,
+    k: Tensor | None,
+    offset: object,
+    positions: object,
+    seq_dim: object,
+) -> tuple[int, Tensor | None, int]:
+    """The arguments of ``module.forward(x, k, ...)`` (k None: of ``rotate``),
+    checked: ``(offset, positions, seq_dim)``."""
+    rope, seq_dim = module._rope, _check_seq_dim(seq_dim)
+    if positions is not None:
+        positions = _check_positions(positions, rope)
+    _check_inputs(x, k, module.head_dim, seq_dim, positions, rope)
+    rope.check_traceable()
+    return _check_offset(offset, positions, rope, "offset"), positions, seq_dim
+
+
+# 06_rotary.ipynb, cell 28: The module
+def _table_args(
+    x: object, dtype: object, device: object
+) -> tuple[torch.dtype, Any, int | None]:
+    """``cos_sin``'s ``x``, ``dtype`` and ``device``, checked: the tables' dtype
+    and device (x's unless given; without x, float32 and the positions' device)
+    and x's batch (None: unknown)."""
+    if x is not None and not isinstance(x, Tensor):
+        raise TypeError(f"x must be a tensor, got {type(x).__name__}")
+    dtype = check_dtype(
+        dtype if dtype is not None else getattr(x, "dtype", torch.float32)
+    )
+    device = device if device is not None else getattr(x, "device", None)
+    return dtype, device, x.shape[0] if x is not None and x.dim() > 1 else None
+
+
+# 06_rotary.ipynb, cell 29: The module
 class RotaryEmbedding(nn.Module):
     """Rotary position embeddings for queries and keys, with a cached table.
 
     ``forward(q, k)`` returns ``apply_rotary(q)`` and ``apply_rotary(k)`` with this
     module's settings, bitwise; ``rotate(x)`` rotates one tensor. The tables of
-    positions ``0 .. max_len-1`` are cached per (device, dtype) in a plain dict:
-    nothing in ``state_dict``, dropped from pickles, built outside inference mode.
+    positions ``0 .. max_len-1`` are cached per (device, dtype) by
+    ``posenc._tables.cached_table``: nothing in ``state_dict``, dropped from
+    pickles, built outside inference mode, none kept from a trace or a fake call.
     The settings are read-only attributes: the cached tables follow them.
 
     The default layout, ``"interleaved"``, is that of the mathematics and of
@@ -387,12 +457,9 @@ class RotaryEmbedding(nn.Module):
     """
 
     head_dim, rotary_dim = _setting("head_dim"), _setting("rotary_dim")
-    layout, base, rope_type = (
-        _setting("layout"),
-        _setting("base"),
-        _setting("rope_type"),
-    )
-    axes_dim, max_len = _setting("axes_dim"), _setting("max_len")
+    layout, base = _setting("layout"), _setting("base")
+    rope_type, max_len = _setting("rope_type"), _setting("max_len")
+    axes_dim = _setting("axes_dim")
     attention_factor = _setting("attention_factor")  # YaRN, LongRoPE; else 1.0
 
     def __init__(
@@ -408,20 +475,18 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         head_dim = check_even("head_dim", head_dim, "channels per head", "128")
-        rope = _rope(
+        self._rope = rope = _rope(
             head_dim, base=base, layout=layout, rotary_dim=rotary_dim,
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
         max_len = check_count(
             "max_len", max_len, 1, "5000", "the number of cached positions"
         )
-        self._rope = rope
         self._settings = {
-            "head_dim": head_dim, "rotary_dim": rope.rotary_dim,
-            "layout": rope.layout, "base": rope.params["rope_theta"],
-            "rope_type": rope.params["rope_type"], "max_len": max_len,
+            "head_dim": head_dim, "rotary_dim": rope.rotary_dim, "layout": rope.layout,
+            "base": rope.params["rope_theta"], "rope_type": rope.params["rope_type"],
+            "max_len": max_len, "attention_factor": rope.attention,
             "axes_dim": list(axes_dim) if axes_dim is not None else None,
-            "attention_factor": rope.attention,
         }  # fmt: skip
         # longrope: the cached (short) table stops at the original length
         self._cached_len = min(max_len, rope.switch or max_len)
@@ -436,9 +501,8 @@ class RotaryEmbedding(nn.Module):
         names = ["head_dim", "rotary_dim", "base", "layout", "max_len", "rope_type"]
         names = names if self.rope_type != "default" else names[:-1]
         text = ", ".join(f"{name}={self._settings[name]!r}" for name in names)
-        return text + (
-            f", sections={list(self._rope.sections)}" * bool(self._rope.sections)
-        )
+        sections = self._rope.sections
+        return text + (f", sections={list(sections)}" if sections else "")
 
     @property
     def frequencies(self) -> Tensor:
@@ -456,52 +520,31 @@ class RotaryEmbedding(nn.Module):
         super().__setstate__(state)
         self._lock = threading.Lock()
 
-    def _rows(
-        self,
-        offset: object,
-        positions: Tensor | None,
-        length: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        x: Tensor | None = None,
+    def _build_table(
+        self, device: torch.device, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
-        """The tables of ``positions``, or of ``offset .. offset + length - 1``:
-        ``[*positions.shape, r]`` (several axes: without the axes) or
-        ``[length, r]``. The cached table serves a call for ``x`` only where
-        one may be kept (``posenc._tables.storable``: no trace, fake or meta)."""
-        rope, compiling = self._rope, torch.compiler.is_compiling()
-        rope.check_traceable()
-        offset = _check_offset(offset, positions, rope, "offset")
-        if positions is not None:
-            end = _length(positions) if rope.dynamic else None
-            if rope.switch and not compiling and positions.numel():
-                self._seq_len = positions.max() + 1  # read when asked for
-            positions = positions.to(device)
-        else:
-            end = offset + length
-            if rope.switch and not compiling:
-                self._seq_len = end
-        seq_len = None
-        if rope.dynamic and end is not None:
-            # transformers' dynamic_frequency_update: grow past the longest sequence
-            # kept; fall back to the original below the original length
-            original = rope.params["max_position_embeddings"]
-            with self._lock:
-                kept = max(self._seq_len or original, end)
-                if end < original:
-                    kept = original
-                self._seq_len = seq_len = kept if kept > original else None
-        elif rope.dynamic:
-            seq_len = self._seq_len  # no values to read (meta): the kept length
+        """cos and sin of positions ``0 .. _cached_len - 1``, each ``[_cached_len,
+        rotary_dim]`` (kept by ``posenc._tables.cached_table``)."""
+        positions = torch.arange(self._cached_len, device=device)
+        return _tables_at(self._rope, positions, dtype)
+
+    def _rows(
+        self, x: Tensor, offset: int, positions: Tensor | None, seq_dim: int
+    ) -> tuple[Tensor, Tensor]:
+        """The tables of ``x``'s tokens, of ``positions`` or of ``offset ..
+        offset + seq_len - 1``, in x's compute dtype, on its device: rows of the
+        cached table where one serves the call (``cached_table``'s rules)."""
+        dtype, end = _compute_dtype(x), offset + x.shape[seq_dim]
+        seq_len = _frequency_length(self, positions, end)
         if positions is None:
-            exporting = compiling and is_exporting()  # first: no guard on `end`
-            kept = compiling or (x is not None and storable(x))
-            if kept and not exporting and seq_len is None and end <= self._cached_len:
-                _fill_cache(self, device, dtype, compiling)
-                cos, sin = self._tables[device, dtype]
-                return cos[offset:end], sin[offset:end]
-            positions = torch.arange(offset, end, device=device)
-        return _tables_at(rope, positions, dtype, seq_len)
+            # no table under torch.export (asked first: no guard on end)
+            if seq_len is None and not is_exporting() and end <= self._cached_len:
+                like = x if x.dtype == dtype else x.new_empty(0, dtype=dtype)
+                table = cached_table(self, like)
+                if table is not None:
+                    return table[0][offset:end], table[1][offset:end]
+            positions = torch.arange(offset, end, device=x.device)
+        return _tables_at(self._rope, positions.to(x.device), dtype, seq_len)
 
     def cos_sin(
         self,
@@ -529,15 +572,11 @@ class RotaryEmbedding(nn.Module):
             ``[*positions.shape, rotary_dim]`` for a tensor (multi-axis: without
             the leading axes dimension).
         """
-        if x is not None and not isinstance(x, Tensor):
-            raise TypeError(f"x must be a tensor, got {type(x).__name__}")
-        dtype = check_dtype(
-            dtype if dtype is not None else getattr(x, "dtype", torch.float32)
-        )
-        device = device if device is not None else getattr(x, "device", None)
-        batch = x.shape[0] if x is not None and x.dim() > 1 else None
+        dtype, device, batch = _table_args(x, dtype, device)
         positions = _table_positions(positions, self._rope, device, batch)
-        return self._rows(0, positions, 0, positions.device, dtype)
+        self._rope.check_traceable()
+        seq_len = _frequency_length(self, positions, 0)
+        return _tables_at(self._rope, positions, dtype, seq_len)
 
     def forward(
         self,
@@ -568,26 +607,17 @@ class RotaryEmbedding(nn.Module):
         Returns:
             ``(q, k)`` rotated: the shapes, dtypes and device of the inputs.
         """
-        seq_dim, head_dim = _check_seq_dim(seq_dim), self._settings["head_dim"]
-        if positions is not None:
-            positions = _check_positions(positions, self._rope)
-        _check_inputs(q, k, head_dim, seq_dim, positions, self._rope)
-        dtype, layout = (
-            torch.float32 if q.dtype in _HALF else q.dtype,
-            self._rope.layout,
-        )
-        cos, sin = self._rows(offset, positions, q.shape[seq_dim], q.device, dtype, q)
+        offset, positions, seq_dim = _checked(self, q, k, offset, positions, seq_dim)
+        cos, sin = self._rows(q, offset, positions, seq_dim)
+        layout = self._rope.layout
         small = not torch.compiler.is_compiling() and q.numel() <= _STACK_LIMIT
         if small and q.shape == k.shape and q.dtype == k.dtype:
             # a decoding step: q and k rotated as one tensor, half the kernel launches
             qk = torch.stack((q, k))
             return _rotate(qk, cos, sin, layout, seq_dim, q.dim()).unbind(0)
         q_out = _rotate(q, cos, sin, layout, seq_dim)
-        k_dtype = torch.float32 if k.dtype in _HALF else k.dtype
-        if k_dtype != dtype:  # k's own rows: q's, converted, would round twice
-            cos, sin = self._rows(
-                offset, positions, k.shape[seq_dim], k.device, k_dtype, k
-            )
+        if _compute_dtype(k) != cos.dtype:  # k's own rows: q's would round twice
+            cos, sin = self._rows(k, offset, positions, seq_dim)
         return q_out, _rotate(k, cos, sin, layout, seq_dim)
 
     def rotate(
@@ -607,10 +637,6 @@ class RotaryEmbedding(nn.Module):
         Returns:
             ``x`` rotated: its shape, dtype and device.
         """
-        seq_dim, head_dim = _check_seq_dim(seq_dim), self._settings["head_dim"]
-        if positions is not None:
-            positions = _check_positions(positions, self._rope)
-        _check_inputs(x, None, head_dim, seq_dim, positions, self._rope)
-        dtype = torch.float32 if x.dtype in _HALF else x.dtype
-        cos, sin = self._rows(offset, positions, x.shape[seq_dim], x.device, dtype, x)
+        offset, positions, seq_dim = _checked(self, x, None, offset, positions, seq_dim)
+        cos, sin = self._rows(x, offset, positions, seq_dim)
         return _rotate(x, cos, sin, self._rope.layout, seq_dim)
