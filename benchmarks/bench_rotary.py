@@ -5,6 +5,7 @@
     python benchmarks/bench_rotary.py --before 4a91582 # also: the code at that git revision, paired by round
     python benchmarks/bench_rotary.py --device cuda    # on a GPU -> results/rotary-gpu-<date>.json
     python benchmarks/bench_rotary.py --swap-only      # the Llama swap alone -> results/rotary-swap-cpu-<date>.json
+    python benchmarks/bench_rotary.py --core-only      # the plain core alone -> results/rotary-core-cpu-<date>.json
 
 Needs transformers (the real package, as pinned in requirements.txt); tools/gpu_check.py skips this benchmark,
 saying so, where it is not installed.
@@ -31,6 +32,11 @@ Variants, all rotating q and k at the same positions:
   the ``posenc`` module (``posenc_compiled``: how a compiled model runs it, the module inlined in its graph); and
   ``posenc_compiled_module``, ``torch.compile`` of the module object itself, whose call goes through the wrapper
   module's own ``__call__`` as well (reported, not a goal).
+
+The plain core (``core`` in the results, and ``--core-only``): in float32, bfloat16 and float16 at both shapes,
+``minimal`` (``x * cos + rotate_half(x) * sin`` on tables precomputed in the inputs' dtype), transformers'
+``apply_rotary_pos_emb`` on the same tables, and ``RotaryEmbedding``, paired by round (``over_posenc`` = variant
+time / posenc time, > 1: posenc faster).
 
 The swap (``swap`` in the results, and ``--swap-only``): a whole forward of a small Llama (``SWAP_CONFIG``: 2 layers,
 hidden size 256, 4 heads of 64 channels, 512 tokens of vocabulary, eager, float32) with transformers' own
@@ -335,6 +341,101 @@ def time_shape(
     }
 
 
+#: the dtypes of the plain-core comparison: posenc rotates half-precision inputs in float32 and rounds once
+CORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """transformers' ``rotate_half``: ``[-x2, x1]`` for the halves ``x1``, ``x2`` of the last axis."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def make_core_variants(
+    shape: tuple[int, int, int, int],
+    offset: int,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> dict[str, Callable[[], Any]]:
+    """The plain core against posenc at one shape and dtype: ``minimal`` (``x * cos + rotate_half(x) * sin`` on
+    tables precomputed in the inputs' dtype, the least a rotation can do in eager mode), ``hf`` (transformers'
+    ``apply_rotary_pos_emb`` on the same tables, as its rotary module hands them over: in the inputs' dtype) and
+    ``posenc`` (``RotaryEmbedding(head_dim, layout="half")(q, k, offset=...)``, the cached table sliced)."""
+    apply_rotary_pos_emb = _hf_apply()
+    torch.manual_seed(0)
+    q = torch.randn(shape, device=device).to(dtype)
+    k = torch.randn(shape, device=device).to(dtype)
+    head_dim, seq_len = shape[-1], shape[-2]
+    position_ids = torch.arange(offset, offset + seq_len, device=device)[None]
+    cos, sin = hf_rotary_embedding(head_dim).to(device)(q, position_ids)  # q's dtype
+    rope = RotaryEmbedding(head_dim, layout="half", max_len=4096).to(device)
+    rope(q, k, offset=offset)  # fill the cache
+    c, s = cos[:, None], sin[:, None]  # [batch, 1, seq_len, head_dim]
+
+    def minimal() -> Any:
+        return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+    return {
+        "minimal": minimal,
+        "hf": lambda: apply_rotary_pos_emb(q, k, cos, sin),
+        "posenc": lambda: rope(q, k, offset=offset),
+    }
+
+
+def time_core(
+    device: torch.device, *, seconds: float, block_s: float, min_rounds: int = 15
+) -> list[dict[str, Any]]:
+    """Paired rounds of ``make_core_variants`` at every shape and dtype: ``minimal / posenc`` and ``hf / posenc``
+    (time ratios, > 1: posenc faster), medians with quartiles."""
+    out = []
+    for dtype in CORE_DTYPES:
+        for shape, (offset, _) in SHAPES.items():
+            variants = make_core_variants(shape, offset, device, dtype)
+            times, calls, _, rounds = time_rounds(
+                variants,
+                device,
+                seconds=seconds,
+                block_s=block_s,
+                min_rounds=min_rounds,
+            )
+            ratio = {n: paired(times, n, "posenc") for n in ("minimal", "hf")}
+            out.append({
+                "device": device.type, "shape": list(shape), "first_position": offset,
+                "dtype": str(dtype).removeprefix("torch."), "rounds": rounds, "calls_per_block": calls,
+                "median_us": {n: round(statistics.median(v) * 1e6, 2) for n, v in times.items()},
+                # variant time / posenc time, paired by round: > 1 = posenc faster
+                "over_posenc": {n: v[0] for n, v in ratio.items()},
+                "over_posenc_quartiles": {n: v[1] for n, v in ratio.items()},
+            })  # fmt: skip
+            print(
+                f"{device.type} {out[-1]['dtype']:8s} {tuple(shape)!s:20s} time / posenc's: "
+                + ", ".join(f"{n} {v[0]:.3f}" for n, v in ratio.items()),
+                file=sys.stderr,
+                flush=True,
+            )
+    return out
+
+
+def core_goals(core: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The plain core's goals: a float32 decoding step within 10 % of the minimal rotation and at least as fast
+    as transformers' (within 3 % of noise); in half precision at least 0.9 times transformers' speed."""
+    checks = []
+    for res in core:
+        decode, ratio = res["shape"][2] == 1, res["over_posenc"]
+        wanted = []
+        if res["dtype"] == "float32" and decode:
+            wanted += [("minimal", "within 10 % of the minimal rotation", 1 / 1.1)]
+            wanted += [("hf", "at least as fast as transformers'", 0.97)]
+        elif res["dtype"] != "float32":
+            wanted += [("hf", "at least 0.9 times transformers' speed", 0.9)]
+        for name, goal, floor in wanted:
+            checks.append({
+                "device": res["device"], "shape": res["shape"], "dtype": res["dtype"],
+                "goal": f"posenc ({res['dtype']}) {goal}", "value": ratio[name], "met": ratio[name] >= floor,
+            })  # fmt: skip
+    return checks
+
+
 #: The Llama of the swap benchmark: small, so that the rotary module's share of a forward is visible
 SWAP_CONFIG: dict[str, Any] = {
     "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -591,19 +692,22 @@ def run(
     compiled: bool,
     before: str | None = None,
     swap_only: bool = False,
+    core_only: bool = False,
 ) -> dict[str, Any]:
     dev = torch.device(device)
     start = time.perf_counter()
     load_before = _load_average()
     results = []
-    swap = time_swap(dev, seconds=2 * seconds, block_s=block_s)
-    print(
-        f"{device} Llama swap, hf / posenc: "
-        + ", ".join(f"{c} {v:.3f}" for c, v in swap["speedup"].items()),
-        file=sys.stderr,
-        flush=True,
-    )
-    for shape, (offset, limit) in {} if swap_only else SHAPES.items():
+    swap = None if core_only else time_swap(dev, seconds=2 * seconds, block_s=block_s)
+    if swap is not None:
+        print(
+            f"{device} Llama swap, hf / posenc: "
+            + ", ".join(f"{c} {v:.3f}" for c, v in swap["speedup"].items()),
+            file=sys.stderr,
+            flush=True,
+        )
+    core = [] if swap_only else time_core(dev, seconds=seconds, block_s=block_s)
+    for shape, (offset, limit) in {} if swap_only or core_only else SHAPES.items():
         res = time_shape(
             shape, offset, dev, seconds=seconds, block_s=block_s, compiled=compiled
         )
@@ -639,7 +743,8 @@ def run(
         "load_average": {"before": load_before, "after": _load_average()},
         "swap": swap,
         "results": results,
-        "goals": swap_goals(swap) + goals(results),
+        "core": core,
+        "goals": (swap_goals(swap) if swap else []) + goals(results) + core_goals(core),
         **({"before_after": before_after} if before_after else {}),
         "wall_s": round(time.perf_counter() - start, 1),
     }
@@ -684,6 +789,11 @@ def main(argv: list[str] | None = None) -> int:
         help="time only the Llama swap (posenc.HFRotaryEmbedding against transformers' module)",
     )
     parser.add_argument(
+        "--core-only",
+        action="store_true",
+        help="time only the plain core: minimal rotation, transformers' and posenc's, in float32, bf16, fp16",
+    )
+    parser.add_argument(
         "--no-allocator-env",
         action="store_true",
         help="do not re-run with ALLOCATOR_ENV set",
@@ -705,6 +815,7 @@ def main(argv: list[str] | None = None) -> int:
         compiled=args.compiled and not args.swap_only,
         before=args.before,
         swap_only=args.swap_only,
+        core_only=args.core_only,
     )
     if args.load_note:
         report["load_note"] = args.load_note
@@ -714,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     prefix = "gpu" if args.device == "cuda" else "cpu"
     prefix = f"swap-{prefix}" if args.swap_only else prefix
+    prefix = f"core-{prefix}" if args.core_only else prefix
     path = (
         Path(args.out)
         if args.out

@@ -10,8 +10,11 @@ so that a book chapter can print the support table from this module.
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -228,3 +231,72 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
     ("onnx_legacy", "PositionalEncoding"): LEGACY_ONNX_ARGS,
     ("onnx_legacy", "Timesteps"): LEGACY_ONNX_ARGS,
 }
+
+# --- the support table ----------------------------------------------------------------------------------------------
+
+#: what each (path, case) gave, recorded by `python tools/deployment_table.py --record` from tests/test_deployment.py
+#: (every test that runs a case through a path checks that its result is still the one recorded here)
+OUTCOMES = (
+    Path(__file__).resolve().parents[1]
+    / "benchmarks"
+    / "results"
+    / "deployment-cpu.json"
+)
+#: the paths as the table's columns, in order, with their short headings
+COLUMNS: dict[str, str] = {
+    "export": "export",
+    "export_strict": "export strict",
+    "export_saved": "export saved",
+    "onnx": "ONNX",
+    "onnx_legacy": "legacy ONNX",
+    "onnx_legacy_inside": "legacy ONNX inside",
+    "aoti": "AOTI",
+    "jit_trace": "jit.trace",
+    "fake": "fake",
+    "meta_built": "meta built",
+    "meta_call": "meta call",
+    "to_meta": "to meta",
+    "meta_context": "meta context",
+    "vmap": "vmap",
+}
+
+
+@functools.cache
+def committed_outcomes() -> dict[tuple[str, str], dict[str, str]]:
+    """The committed table: ``(path, case) -> {"outcome": works | refused | fails, "message": ...}``."""
+    data = json.loads(OUTCOMES.read_text(encoding="utf-8"))
+    return {
+        (path, case): entry
+        for path, cases in data["outcomes"].items()
+        for case, entry in cases.items()
+    }
+
+
+def support_table(outcomes: dict[tuple[str, str], dict[str, str]]) -> str:
+    """The table of paths (columns) x public names (rows, in the order of CASES) as Markdown, each refusal
+    footnoted with posenc's message and each failure with its known cause (KNOWN_FAILURES)."""
+    named = [case.name for case in CASES]
+    rows = named + sorted({case for _, case in outcomes} - set(named))
+    notes: list[str] = []
+
+    def cell(path: str, case: str) -> str:
+        entry = outcomes.get((path, case))
+        if entry is None:
+            return "–"
+        if entry["outcome"] == "works":
+            return "✓"
+        text = KNOWN_FAILURES.get((path, case), entry["message"])
+        if text not in notes:
+            notes.append(text)
+        return f"{entry['outcome']} ({notes.index(text) + 1})"
+
+    lines = [
+        "| | " + " | ".join(COLUMNS.values()) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
+    for case in rows:
+        cells = " | ".join(cell(path, case) for path in COLUMNS)
+        lines.append(f"| `{case}` | {cells} |")
+    lines.append("")
+    lines += [f"({i}) {text}" for i, text in enumerate(notes, 1)]
+    return "\n".join(lines) + "\n"

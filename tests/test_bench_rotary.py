@@ -152,3 +152,38 @@ def test_the_swap_variants_agree_and_time_shape_reports_paired_speedups():
     assert [c["met"] for c in checks] == [
         res["speedup"][c] >= 0.97 for c in ("prefill", "decode")
     ]
+
+
+def test_the_core_variants_rotate_alike_in_every_dtype():
+    for dtype in bench_rotary.CORE_DTYPES:
+        variants = bench_rotary.make_core_variants(
+            (1, 2, 3, 16), 5, torch.device("cpu"), dtype
+        )
+        with torch.no_grad():
+            want = [t.double() for t in variants["minimal"]()]
+            for name in ("hf", "posenc"):
+                got = variants[name]()
+                assert all(t.dtype == dtype for t in got)
+                # posenc rounds its float32 result once; the others round each step
+                tol = 1e-5 if dtype == torch.float32 else 2 * torch.finfo(dtype).eps * 4
+                for a, b in zip(got, want):
+                    torch.testing.assert_close(a.double(), b, rtol=0, atol=tol)
+
+
+def test_core_goals_are_read_as_documented():
+    def result(dtype, seq_len, minimal, hf):
+        return {
+            "device": "cpu", "shape": [1, 2, seq_len, 16], "dtype": dtype,
+            "over_posenc": {"minimal": minimal, "hf": hf},
+        }  # fmt: skip
+
+    checks = bench_rotary.core_goals([
+        result("float32", 1, 0.92, 0.98),  # decoding: both goals met
+        result("float32", 2048, 0.5, 0.5),  # float32 prefill: no goal
+        result("bfloat16", 2048, 0.3, 0.89),  # half precision: 0.9 of transformers'
+    ])  # fmt: skip
+    assert [(c["dtype"], c["met"]) for c in checks] == [
+        ("float32", True), ("float32", True), ("bfloat16", False),
+    ]  # fmt: skip
+    missed = bench_rotary.core_goals([result("float32", 1, 0.90, 0.96)])
+    assert [c["met"] for c in missed] == [False, False]

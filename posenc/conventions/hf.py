@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_computable, check_integer_tensor
+from posenc._checks import check_computable, check_integer_tensor, in_torch_func
 from posenc._tables import is_exporting, storable
 from posenc.conventions._hf_families import (
     _Family,
@@ -215,7 +215,7 @@ class _HFTables(_HFState):
         """float64 ``[axes, S]`` speeds for this call, on the positions' device."""
         rows = self._rows_on(layer_type, ids.device)
         rope_type = layout.params["rope_type"]
-        _check_exportable(rope_type)
+        _check_exportable(rope_type, ids)
         if ids.numel() == 0:  # no position: no table, and no length to keep
             return rows
         if rope_type == "longrope":  # the long factors past the original length
@@ -231,17 +231,27 @@ class _HFTables(_HFState):
 
 
 # 16_hugging_face.ipynb, cell 36: The speeds of a call
-def _check_exportable(rope_type: str) -> None:
-    """Refuse dynamic NTK where an exported program or a trace would forget its
-    state (its tables depend on the calls before)."""
-    tracing = torch.jit.is_tracing()  # jit.trace, legacy ONNX
-    if rope_type == "dynamic" and (is_exporting() or tracing):
+def _check_exportable(rope_type: str, ids: Tensor) -> None:
+    """Refuse dynamic NTK where its state would be lost: an exported program or a
+    trace forgets it, and torch.func.vmap's per-sample calls cannot update one
+    state as a loop of calls would (its tables depend on the calls before)."""
+    if rope_type != "dynamic":
+        return
+    if is_exporting() or torch.jit.is_tracing():  # jit.trace, legacy ONNX
         raise NotImplementedError(
             "posenc.HFRotaryEmbedding with rope_type='dynamic' cannot be exported "
             "by torch.export, torch.jit.trace or torch.onnx.export: its tables "
             "depend on the calls before, a state that an exported program "
             "forgets; export a static rope_type (e.g. 'yarn', 'default') or run "
             "the module eagerly or compiled"
+        )
+    if not torch.compiler.is_compiling() and in_torch_func(ids):
+        raise NotImplementedError(
+            "posenc.HFRotaryEmbedding with rope_type='dynamic' cannot run inside "
+            "torch.func.vmap: its tables depend on the calls before, a state that "
+            "per-sample calls cannot update as a loop of calls would; call it "
+            "outside vmap (a model computes the tables once for the whole batch) "
+            "or loop over the samples"
         )
 
 
