@@ -89,12 +89,12 @@ test: book
 # The deployment paths that compile a program each (ONNX exported and run in onnxruntime, AOTInductor packages,
 # which need a C++ compiler: apt-get install -y g++): minutes, so not in `make test`; .ci/run runs them.
 test-deploy: $(STAMP)
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -q -m deploy tests/test_deployment.py
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -q -m deploy tests/deployment/test_deployment.py
 
 # The census of transformers' rotary families (tests/census/): about a minute on 2 cores, so its own target, run by
 # .ci/run; it writes nothing (python -m tests.census rewrites benchmarks/results/census-transformers-*.json).
 census: $(STAMP)
-	POSENC_CENSUS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q tests/test_census.py
+	POSENC_CENSUS=1 OMP_NUM_THREADS=1 $(PY) -m pytest -p no:xdist -q tests/conventions/test_hf_census.py
 
 # How long `make test` takes here, and where the time goes (a benchmark, not a test: nothing asserts a time).
 test-time: $(STAMP)

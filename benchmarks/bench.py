@@ -18,10 +18,10 @@ its name in earlier versions; it is a baseline, not a roofline in the strict sen
   and every variant's bytes per second are reported as a fraction of it (``fraction_of_copy_bandwidth``).
 - train mode (dropout 0.1, ``x.requires_grad``): the baseline is ``dropout(x)`` alone.
 
-The variants are posenc, restatements of labml's and spotpython's modules (``tests/classic.py``), and with
-``--compiled``: posenc under ``torch.compile`` (which reads the same table) and the encoding computed on the fly
-inside one fused kernel (``torch.compile`` of ``x + where(even, sin, cos)(p * omega)`` in float64), which reads no
-table at all.
+The variants are posenc, restatements of labml's and spotpython's modules (``tests/references/classic.py``), and
+with ``--compiled``: posenc under ``torch.compile`` (which reads the same table) and the encoding computed on the
+fly inside one fused kernel (``torch.compile`` of ``x + where(even, sin, cos)(p * omega)`` in float64), which reads
+no table at all.
 
 On CPU, glibc returns a freed multi-megabyte block to the kernel and the next output of the same size page-faults
 on every page, which costs more than the arithmetic. The script re-executes itself with
@@ -53,7 +53,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils import benchmark  # noqa: E402
 
 from posenc import PositionalEncoding, frequencies  # noqa: E402
-from tests.classic import LabmlPositionalEncoding, SpotpythonPositionalEncoding  # noqa: E402
+from tests.references.classic import (  # noqa: E402
+    LabmlPositionalEncoding,
+    SpotpythonPositionalEncoding,
+)
 
 #: The shapes of the issue, (seq_len, batch, d_model), and the limit each one probes.
 FULL_SHAPES: dict[tuple[int, int, int], str] = {

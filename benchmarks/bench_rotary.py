@@ -94,7 +94,7 @@ from benchmarks.bench import (  # noqa: E402
     paired_rounds,
 )
 from posenc import RotaryEmbedding, apply_rotary, rotary_cos_sin  # noqa: E402
-from tests.rotary_peers import LLAMA31, hf_rotary_embedding  # noqa: E402
+from tests.references.rotary_peers import LLAMA31, hf_rotary_embedding  # noqa: E402
 
 #: Qwen2-VL's rope_scaling (config.json), with its rope_theta
 QWEN2_VL = {"type": "mrope", "mrope_section": [16, 24, 24]}

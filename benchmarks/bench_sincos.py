@@ -158,7 +158,7 @@ def angle_addition_embedding(
     time steps, small batches, huge steps, bad arguments) is ``posenc.timestep_embedding``. With ``t = a B + b``
     (``B = angle_addition_block(max t)``) and u = 2^-53, the float64 value is within ``u (4 t + 6 (a + b) + 3)`` of
     the exact one (the direct road: ``u (4 t + 2)``), so a float32 result is within 2^-24 of it, as posenc's
-    (book/17_sincos_conventions derives the bound, ``tests/test_bench_sincos.py`` tests it against mpmath).
+    (book/17_sincos_conventions derives the bound, ``tests/tools/test_bench_sincos.py`` tests it against mpmath).
     """
     t, n = timesteps, 0
     if (
@@ -236,7 +236,7 @@ def half_angle_embedding(
     With τ = tan(θ/2), sin θ = 2τ / (1 + τ²) and cos θ = (1 - τ²) / (1 + τ²) = 2 / (1 + τ²) - 1. The half angle
     is exactly half of posenc's rounded angle (``ω / 2`` is exact), τ is within 2 ulp, and it and the four
     roundings after it move either value by at most about 20 units of 2^-53 (to first order), so the float32
-    result is within 2^-24 of the exact one, as posenc's (``tests/test_bench_sincos.py`` checks it against
+    result is within 2^-24 of the exact one, as posenc's (``tests/tools/test_bench_sincos.py`` checks it against
     mpmath); the same checks, not the same bits.
     """
     t, omega, out, sin_out, cos_out = _direct_road(
@@ -256,8 +256,8 @@ def half_angle_embedding(
 
 def make_groups() -> dict[str, dict[str, Callable[[], Any]]]:
     """The callables to time, per group; the first of each group is its baseline (diffusers)."""
-    # imported here: the module's roads (book/17_sincos_conventions, tests/test_bench_sincos.py) need no
-    # diffusers, whose import takes seconds
+    # imported here: the module's roads (book/17_sincos_conventions,
+    # tests/tools/test_bench_sincos.py) need no diffusers, whose import takes seconds
     from diffusers.models.embeddings import Timesteps as DiffusersTimesteps
     from diffusers.models.embeddings import (
         get_2d_sincos_pos_embed,

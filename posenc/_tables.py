@@ -26,8 +26,8 @@ def assume_constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     The decorator only marks ``fn`` (the attribute dynamo reads when it traces a call);
     applied at import time it would import torch._dynamo, two seconds of every
-    ``import posenc`` that never compiles. tests/test_compile.py checks that the mark
-    is the one torch's decorator sets.
+    ``import posenc`` that never compiles. tests/deployment/test_compile.py checks that
+    the mark is the one torch's decorator sets.
     """
     fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
     return fn

@@ -45,7 +45,8 @@ if "rfc3987_syntax" not in sys.modules:
 _run_dir: str | None = None
 #: A directory for this whole run, set by the process that created it: pytest-xdist workers (and the notebook
 #: kernels and subprocesses they start) inherit it and share what it holds (the torch.compile cache in
-#: ``inductor/``; ``tests.ddp_worker.launch``'s one DDP measurement per run); only its creator removes it.
+#: ``inductor/``; ``tests.references.ddp_worker.launch``'s one DDP measurement per run);
+#: only its creator removes it.
 RUN_DIR_VARIABLE = "POSENC_RUN_DIR"
 
 
@@ -61,16 +62,18 @@ BROWSER_FILES = ("test_browser.py", "test_layout.py")
 #: unit, so that the fixture runs once per run rather than once per worker.
 FILE_UNITS = ("test_ddp.py",)
 #: Tests that import the installed peers (transformers, diffusers, rotary-embedding-torch; imported at first use,
-#: tests/peers.py): one unit, so that one worker pays for their imports (about 6.5 s on this machine), not each.
-#: The files that import a peer at their top level or run a benchmark against one, and the tests marked ``peers``
-#: elsewhere (tests/notebooks/test_plugins.py checks that the two lists hold every such file and test).
+#: tests/references/peers.py): one unit, so that one worker pays for their imports (about 6.5 s on this machine),
+#: not each. The files that import a peer at their top level or run a benchmark against one, and the tests marked
+#: ``peers`` elsewhere (tests/notebooks/test_plugins.py checks that the two lists hold every such file and test).
 PEER_FILES = (
-    "test_rotary_peers.py",
-    "test_timesteps_peers.py",
+    "test_rotation_peers.py",
+    "test_embeddings_peers.py",
     "test_bench_sincos.py",
     "test_bench_rotary.py",
 )
-PEER_TESTS = ("tests/test_conventions.py::test_the_installed_hugging_face_tables",)
+PEER_TESTS = (
+    "tests/sinusoidal/test_encoding_conventions.py::test_the_installed_hugging_face_tables",
+)
 #: Tests that compile or export with torch (test_compile.py, and elsewhere tests whose names say so: "compile",
 #: "inductor", "export"): one unit, so that one worker imports torch's compiler stack (about 4 s) and starts
 #: inductor once, and later graphs reuse what earlier ones built in the same process (tests/notebooks/test_plugins.py
@@ -78,7 +81,7 @@ PEER_TESTS = ("tests/test_conventions.py::test_the_installed_hugging_face_tables
 COMPILE_WORDS = ("compile", "inductor", "export")
 COMPILE_FILES = ("test_compile.py",)  # all of it
 #: Tests that take many seconds each; started early, like the groups (seconds measured on 2 cores, serial run).
-SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_export.py")
+SLOW_FILES = ("test_ddp.py", "test_package.py", "test_compile.py", "test_nbexport.py")
 
 
 def scope_of(nodeid: str) -> str:

@@ -1,5 +1,6 @@
 """posenc/_checks.py (book/18_argument_checks.ipynb): the argument checks every module shares, and the decision of
-where values may be read; and tests/host_syncs.py, the harness that finds host synchronisations without a GPU."""
+where values may be read; and tests/references/host_syncs.py, the harness that finds host
+synchronisations without a GPU."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from posenc._checks import (
     check_real,
     values_checkable,
 )
-from tests.floors import needs_fake_accelerator
-from tests.host_syncs import DEVICE, host_syncs
+from tests.references.floors import needs_fake_accelerator
+from tests.references.host_syncs import DEVICE, host_syncs
 
 
 @pytest.mark.parametrize("value", [3, np.int64(3), torch.tensor(3)])

@@ -107,7 +107,8 @@ def test_docstrings_read_as_plain_text_in_help() -> None:
 
 def test_floor_check_files_mark_every_test_that_needs_a_peer() -> None:
     # tools/floor_check.py runs these files against the wheel alone (no transformers, diffusers, timm) with
-    # -m "not peers": a test there that calls tests.peers.require must carry the mark, or the floor run fails
+    # -m "not peers": a test there that calls tests.references.peers.require must carry the
+    # mark, or the floor run fails
     import ast
 
     from tools.floor_check import OPTIONAL_TESTS, PACKAGE_TESTS

@@ -1,13 +1,15 @@
 """The deployment support table: what each public posenc name gives through each deployment path.
 
-    python tools/deployment_table.py --record   # run tests/test_deployment.py (all of it, the ONNX and AOTInductor
+    python tools/deployment_table.py --record   # run tests/deployment/test_deployment.py (all of it,
+    the ONNX and AOTInductor
                                                 # paths too: minutes, needs g++) and write what each
                                                 # (path, case) gave -> benchmarks/results/deployment-cpu.json
     python tools/deployment_table.py --readme   # write that table into README.md (between its two markers)
     python tools/deployment_table.py            # print the table
 
-Chapter 19 prints the same table from the same file, and every test of tests/test_deployment.py checks that its
-result is still the one the file records, so the book, the README and the tests cannot disagree.
+Chapter 19 prints the same table from the same file, and every test of tests/deployment/test_deployment.py
+checks that its result is still the one the file records, so the book, the README and
+the tests cannot disagree.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.deployment_cases import OUTCOMES, committed_outcomes, support_table  # noqa: E402
+from tests.references.deployment_cases import (  # noqa: E402
+    OUTCOMES,
+    committed_outcomes,
+    support_table,
+)
 
 BEGIN = "<!-- the deployment table: written by tools/deployment_table.py --readme -->"
 END = "<!-- end of the deployment table -->"
@@ -37,7 +43,7 @@ def record() -> int:
         env = {**os.environ, "POSENC_DEPLOYMENT_RECORD": folder, "OMP_NUM_THREADS": "1"}
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-n", str(os.cpu_count() or 2),
-             "tests/test_deployment.py", "-m", "deploy or not deploy"],
+             "tests/deployment/test_deployment.py", "-m", "deploy or not deploy"],
             cwd=ROOT, env=env,
         )  # fmt: skip
         outcomes: dict[str, dict[str, dict[str, str]]] = {}
@@ -56,7 +62,7 @@ def record() -> int:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     data = {
-        "what": "tests/test_deployment.py: what each public name gave through each path "
+        "what": "tests/deployment/test_deployment.py: what each public name gave through each path "
         "(works: eager's result; refused: an error naming posenc; fails: a known failure)",
         "date": datetime.date.today().isoformat(),
         "versions": versions,

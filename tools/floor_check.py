@@ -7,7 +7,7 @@
 2. Builds the wheel from this checkout and installs it there (``--no-deps``, so nothing else comes along).
 3. Copies ``tests/`` into a temporary folder (so ``import posenc`` finds the wheel, not this checkout) and runs the
    package tests that need no Jupyter, no browser and no built book. Tests of features with a higher floor
-   (``tests/floors.py``: torch.export, torch.compile) skip there, saying so.
+   (``tests/references/floors.py``: torch.export, torch.compile) skip there, saying so.
 
 Exits non-zero when any step or test fails, or when no test ran.
 """
@@ -26,18 +26,18 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv-floor"
 # The tests that exercise the package alone (the others check notebooks, the export, the book or lint).
 PACKAGE_TESTS = [
-    "test_encoding.py",
-    "test_module.py",
-    "test_offsets.py",
-    "test_conventions.py",
-    "test_geometry.py",
-    "test_precision.py",
-    "test_reliability.py",
-    "test_compile.py",
-    "test_ddp.py",
-    "test_timesteps.py",
+    "sinusoidal/test_encoding.py",
+    "sinusoidal/test_module.py",
+    "sinusoidal/test_offsets.py",
+    "sinusoidal/test_encoding_conventions.py",
+    "sinusoidal/test_encoding_geometry.py",
+    "sinusoidal/test_encoding_precision.py",
+    "sinusoidal/test_module_reliability.py",
+    "deployment/test_compile.py",
+    "deployment/test_ddp.py",
+    "sincos/test_embeddings.py",
 ]
-OPTIONAL_TESTS = ["test_rotary.py"]
+OPTIONAL_TESTS = ["rotary/test_rotation.py"]
 # torch 2.3 was built against NumPy 1.x; the rest is what tests/ imports.
 TEST_DEPENDENCIES = [
     "numpy<2",

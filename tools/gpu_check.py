@@ -4,7 +4,7 @@
 It needs only a ``python3`` with torch and pytest: no project venv, no Jupyter. The repository root is put on
 ``PYTHONPATH``, so ``posenc``, ``tests`` and ``benchmarks`` import from this checkout. In under five minutes it
 
-1. runs ``python3 -m pytest -m gpu tests/`` (tests/test_gpu.py and any other test marked ``gpu``);
+1. runs ``python3 -m pytest -m gpu tests/`` (tests/deployment/test_gpu.py and any other test marked ``gpu``);
 2. runs the benchmark on CUDA (``benchmarks/bench.py --device cuda``: eval and train modes, the classic recipes,
    the copy bandwidth, ``torch.compile`` with the table and with the encoding computed in one fused kernel), and
    the rotary benchmark (``benchmarks/bench_rotary.py --device cuda``, eager), which times posenc against the

@@ -138,7 +138,8 @@ def t_interval(values: list[float], level: float = LEVEL) -> tuple[float, float]
     """The Student-t interval for the mean of ``values``: mean +- t_{(1+level)/2, k-1} s / sqrt(k).
 
     Exact for normal data; at ten seeds it keeps its coverage far better than a percentile bootstrap
-    (``tests/test_experiment.py`` simulates both). Where every value is equal it has width 0.
+    (``tests/experiments/test_position.py`` simulates both). Where every value
+    is equal it has width 0.
 
     Args:
         values: one value per seed, at least two.

@@ -7,5 +7,5 @@
 - :mod:`tests.census.runner`: every family in a pool of two processes, the table and the results JSON.
 
 ``python -m tests.census`` prints the table and writes benchmarks/results/census-transformers-<version>.json;
-tests/test_census.py runs it and asserts its rules.
+tests/conventions/test_hf_census.py runs it and asserts its rules.
 """

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from tests import hf_families
+from tests.references import hf_families
 
 VOCAB = 128
-#: the sizes every tiny config gets, where the config class declares the key: tests/hf_families.py's, and the
-#: names other families give the same sizes
+#: the sizes every tiny config gets, where the config class declares the key:
+#: tests/references/hf_families.py's, and the names other families give the same sizes
 TINY: dict[str, Any] = {
     **hf_families.TINY,
     "vocab_size": VOCAB,

@@ -156,20 +156,27 @@ def test_scheduling_units() -> None:
         == "notebook book/01_derivation"
     )
     assert scope_of("tests/book/test_layout.py::test_x[book/intro]") == "browser"
-    assert scope_of("tests/test_ddp.py::test_x") == "tests/test_ddp.py"
-    assert scope_of("tests/test_rotary_peers.py::test_x[1-2]") == "peers"
     assert (
-        scope_of("tests/test_conventions.py::test_the_installed_hugging_face_tables")
+        scope_of("tests/deployment/test_ddp.py::test_x")
+        == "tests/deployment/test_ddp.py"
+    )
+    assert scope_of("tests/rotary/test_rotation_peers.py::test_x[1-2]") == "peers"
+    assert (
+        scope_of(
+            "tests/sinusoidal/test_encoding_conventions.py::test_the_installed_hugging_face_tables"
+        )
         == "peers"
     )
     assert (
-        scope_of("tests/test_conventions.py::test_x")
-        == "tests/test_conventions.py::test_x"
+        scope_of("tests/sinusoidal/test_encoding_conventions.py::test_x")
+        == "tests/sinusoidal/test_encoding_conventions.py::test_x"
     )
-    assert scope_of("tests/test_rotary.py::test_inductor_x[2]") == "compile"
-    assert scope_of("tests/test_compile.py::test_x") == "compile"
+    assert scope_of("tests/rotary/test_rotation.py::test_inductor_x[2]") == "compile"
+    assert scope_of("tests/deployment/test_compile.py::test_x") == "compile"
     assert (
-        scope_of("tests/test_precision.py::test_module_under_torch_compile")
+        scope_of(
+            "tests/sinusoidal/test_encoding_precision.py::test_module_under_torch_compile"
+        )
         == "compile"
     )
 
@@ -180,7 +187,7 @@ def test_every_test_that_compiles_is_in_the_compile_unit() -> None:
     from tests.plugin import COMPILE_FILES, COMPILE_WORDS
 
     outside = []
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
             if not isinstance(node, ast.FunctionDef) or not node.name.startswith(
                 "test"
@@ -199,14 +206,15 @@ def test_every_test_that_compiles_is_in_the_compile_unit() -> None:
 
 
 def test_the_peers_unit_holds_every_test_that_imports_a_peer() -> None:
-    # a file that imports a peer at its top level (require or Lazy, tests/peers.py) or a benchmark that times one
-    # is in PEER_FILES; a test marked `peers` elsewhere is in PEER_TESTS; and every entry names a real test
+    # a file that imports a peer at its top level (require or Lazy, tests/references/peers.py) or a
+    # benchmark that times one is in PEER_FILES; a test marked `peers` elsewhere is in PEER_TESTS; and
+    # every entry names a real test
     import ast
 
     from tests.plugin import PEER_FILES, PEER_TESTS
 
     files, tests = set(), set()
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top_calls = {
             n.func.id
@@ -231,6 +239,6 @@ def test_the_peers_unit_holds_every_test_that_imports_a_peer() -> None:
             if isinstance(node, ast.FunctionDef) and any(
                 ast.unparse(d) == "pytest.mark.peers" for d in node.decorator_list
             ):
-                tests.add(f"tests/{path.name}::{node.name}")
+                tests.add(f"{path.relative_to(ROOT).as_posix()}::{node.name}")
     assert files == set(PEER_FILES)
     assert tests == set(PEER_TESTS)
