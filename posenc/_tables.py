@@ -49,10 +49,14 @@ def storable(x: Tensor) -> bool:
 def fake(x: Tensor) -> bool:
     """Whether ``x`` is a fake tensor, or a ``FakeTensorMode`` is active (memory or
     shape planning): nothing built from it may be kept."""
+    fake_mode = torch._C._TorchDispatchModeKey.FAKE
+    if torch._C._get_dispatch_mode(fake_mode) is not None:
+        return True
+    if type(x) is Tensor and not (torch._is_functional_tensor(x) or in_torch_func(x)):
+        return False  # a plain tensor, no wrapper around a fake one: asked first, cheap
     from torch._subclasses.fake_tensor import is_fake
 
-    fake_mode = torch._C._TorchDispatchModeKey.FAKE
-    return is_fake(x) or torch._C._get_dispatch_mode(fake_mode) is not None
+    return is_fake(x)
 
 
 # 19_deployment.ipynb, cell 7: One cache of tables

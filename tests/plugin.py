@@ -72,7 +72,8 @@ PEER_FILES = (
     "test_bench_rotary.py",
 )
 PEER_TESTS = (
-    "tests/sinusoidal/test_encoding_conventions.py::test_the_installed_hugging_face_tables",
+    "tests/sinusoidal/test_encoding_conventions.py"
+    "::test_the_installed_hugging_face_tables",
 )
 #: Tests that compile or export with torch (test_compile.py, and elsewhere tests whose names say so: "compile",
 #: "inductor", "export"): one unit, so that one worker imports torch's compiler stack (about 4 s) and starts

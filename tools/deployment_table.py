@@ -62,7 +62,8 @@ def record() -> int:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = None
     data = {
-        "what": "tests/deployment/test_deployment.py: what each public name gave through each path "
+        "what": "tests/deployment/test_deployment.py: "
+        "what each public name gave through each path "
         "(works: eager's result; refused: an error naming posenc; fails: a known failure)",
         "date": datetime.date.today().isoformat(),
         "versions": versions,

@@ -49,8 +49,9 @@ def _rotate(
 ) -> Tensor:
     """Turn every pair (a, b) of the first r = ``cos.shape[-1]`` channels of ``x``
     to (a cos θ - b sin θ, b cos θ + a sin θ); the other channels pass through.
-    ``cos``, ``sin``: ``[seq_len, r]`` or, per sequence, ``[batch, seq_len, r]``,
-    for tensors of ``dims`` dims (default x's) with the sequence at ``seq_dim``."""
+    ``cos``: ``[seq_len, r]`` or, per sequence, ``[batch, seq_len, r]``, for
+    tensors of ``dims`` dims (default x's) with the sequence at ``seq_dim``;
+    ``sin``: the same, signed (``_signed``: -sin θ on a pair's first channel)."""
     if seq_dim == -3:  # [..., seq_len, heads, head_dim]: one row for all heads
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     while cos.dim() > 2 + (seq_dim == -3) and cos.dim() < (dims or x.dim()):
@@ -59,19 +60,29 @@ def _rotate(
     xc = x.float() if low else x
     r = cos.shape[-1]
     xr = xc[..., :r] if r < xc.shape[-1] else xc
-    if layout == "interleaved":  # pairs (2i, 2i+1): (a, b) -> (-b, a)
-        a, b = xr.unflatten(-1, (-1, 2)).unbind(-1)
-        turned = torch.stack((b.neg(), a), dim=-1).flatten(-2)
-    else:  # pairs (i, i + r/2): transformers' rotate_half
-        a, b = xr.chunk(2, dim=-1)
-        turned = torch.cat((b.neg(), a), dim=-1)
-    out = xr * cos + turned * sin  # (a, b) cos θ + (-b, a) sin θ
+    if layout == "interleaved":  # pairs (2i, 2i+1): (a, b) -> (b, a)
+        swapped = xr.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2)
+    else:  # pairs (i, i + r/2): the halves swapped
+        swapped = xr.roll(r // 2, -1)
+    out = xr * cos + swapped * sin  # (a, b) cos θ + (b, a) (-sin θ, sin θ)
     if r < xc.shape[-1]:
         out = torch.cat((out, xc[..., r:]), dim=-1)
     return out.to(x.dtype) if low else out
 
 
-# 06_rotary.ipynb, cell 15: The tables
+# 06_rotary.ipynb, cell 14: The rotation
+def _signed(sin: Tensor, layout: str) -> Tensor:
+    """The sine table as ``_rotate`` takes it, ``[..., r]``: -sin θ on the first
+    channel of each pair, sin θ on the second, so that (b, a)·(-sin θ, sin θ) is
+    (-b, a)·sin θ, bitwise (negation is exact), without negating x."""
+    if layout == "interleaved":  # pairs (2i, 2i+1)
+        first, second = sin.unflatten(-1, (-1, 2)).unbind(-1)
+        return torch.stack((first.neg(), second), dim=-1).flatten(-2)
+    half = sin.shape[-1] // 2  # pairs (i, i + r/2)
+    return torch.cat((sin[..., :half].neg(), sin[..., half:]), dim=-1)
+
+
+# 06_rotary.ipynb, cell 16: The tables
 def _tables_at(
     rope: _Rope, positions: Tensor, dtype: torch.dtype, seq_len: int | None = None,
     traced: bool = True,
@@ -113,7 +124,7 @@ def _tables_at(
     return cos.view(*lead, r), sin.view(*lead, r)
 
 
-# 06_rotary.ipynb, cell 16: The tables
+# 06_rotary.ipynb, cell 17: The tables
 def _values(
     rope: _Rope, omega: Tensor, positions: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
@@ -133,7 +144,7 @@ def _values(
     return out[0], out[1]
 
 
-# 06_rotary.ipynb, cell 18: The tables
+# 06_rotary.ipynb, cell 19: The tables
 # Under torch.compile and torch.export the tables are the same eager kernels,
 # called as one opaque operator: compiled and exported programs agree bitwise
 # with eager mode on the CPU (inductor's own float64 sin/cos may differ in the
@@ -177,7 +188,7 @@ else:  # older torch: traced like any other code (agrees to rounding, not bitwis
     _tables_op = _tables_described
 
 
-# 06_rotary.ipynb, cell 20: The functions
+# 06_rotary.ipynb, cell 21: The functions
 def rotary_cos_sin(
     positions: int | Tensor,
     head_dim: int,
@@ -241,14 +252,14 @@ def rotary_cos_sin(
     return _tables_at(rope, positions, dtype, seq_len)
 
 
-# 06_rotary.ipynb, cell 21: The functions
+# 06_rotary.ipynb, cell 22: The functions
 def _compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype ``x`` is rotated in, and its tables': float32 for float16 and
     bfloat16 (rounded once to x's dtype at the end), else x's own."""
     return torch.float32 if x.dtype in _HALF else x.dtype
 
 
-# 06_rotary.ipynb, cell 22: The functions
+# 06_rotary.ipynb, cell 23: The functions
 def _rope_of(x: Tensor, rotary_dim: object, **settings: Any) -> _Rope:
     """``apply_rotary``'s settings for the heads of ``x``, checked."""
     if rotary_dim is None and x.shape[-1] % 2:
@@ -262,7 +273,7 @@ def _rope_of(x: Tensor, rotary_dim: object, **settings: Any) -> _Rope:
     return rope
 
 
-# 06_rotary.ipynb, cell 23: The functions
+# 06_rotary.ipynb, cell 24: The functions
 def _positions_of(
     x: Tensor, positions: object, rope: _Rope, seq_dim: int
 ) -> tuple[Tensor, int | None]:
@@ -281,7 +292,7 @@ def _positions_of(
     return torch.arange(offset, end, device=x.device), end if rope.dynamic else None
 
 
-# 06_rotary.ipynb, cell 24: The functions
+# 06_rotary.ipynb, cell 25: The functions
 def apply_rotary(
     x: Tensor,
     positions: Tensor | int | None = None,
@@ -341,16 +352,16 @@ def apply_rotary(
             x, cos, sin, rotary_dim, seq_dim, positions=positions, base=base,
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
-        return _rotate(x, cos, sin, layout, seq_dim)
+        return _rotate(x, cos, _signed(sin, layout), layout, seq_dim)
     rope = _rope_of(
         x, rotary_dim, base=base, layout=layout, scaling=scaling, axes_dim=axes_dim
     )
     positions, seq_len = _positions_of(x, positions, rope, seq_dim)
     cos, sin = _tables_at(rope, positions, _compute_dtype(x), seq_len)
-    return _rotate(x, cos, sin, layout, seq_dim)
+    return _rotate(x, cos, _signed(sin, layout), layout, seq_dim)
 
 
-# 06_rotary.ipynb, cell 26: The module
+# 06_rotary.ipynb, cell 27: The module
 def _frequency_length(
     module: RotaryEmbedding, positions: Tensor | None, end: int
 ) -> int | None:
@@ -381,7 +392,7 @@ def _frequency_length(
         return module._seq_len
 
 
-# 06_rotary.ipynb, cell 27: The module
+# 06_rotary.ipynb, cell 28: The module
 def _checked(
     module: RotaryEmbedding,
     x: Tensor,
@@ -400,7 +411,7 @@ def _checked(
     return _check_offset(offset, positions, rope, "offset"), positions, seq_dim
 
 
-# 06_rotary.ipynb, cell 28: The module
+# 06_rotary.ipynb, cell 29: The module
 def _table_args(
     x: object, dtype: object, device: object
 ) -> tuple[torch.dtype, Any, int | None]:
@@ -416,7 +427,7 @@ def _table_args(
     return dtype, device, x.shape[0] if x is not None and x.dim() > 1 else None
 
 
-# 06_rotary.ipynb, cell 29: The module
+# 06_rotary.ipynb, cell 30: The module
 class RotaryEmbedding(nn.Module):
     """Rotary position embeddings for queries and keys, with a cached table.
 
@@ -526,7 +537,8 @@ class RotaryEmbedding(nn.Module):
         """cos and sin of positions ``0 .. _cached_len - 1``, each ``[_cached_len,
         rotary_dim]`` (kept by ``posenc._tables.cached_table``)."""
         positions = torch.arange(self._cached_len, device=device)
-        return _tables_at(self._rope, positions, dtype)
+        cos, sin = _tables_at(self._rope, positions, dtype)
+        return cos, _signed(sin, self._rope.layout)
 
     def _rows(
         self, x: Tensor, offset: int, positions: Tensor | None, seq_dim: int
@@ -544,7 +556,8 @@ class RotaryEmbedding(nn.Module):
                 if table is not None:
                     return table[0][offset:end], table[1][offset:end]
             positions = torch.arange(offset, end, device=x.device)
-        return _tables_at(self._rope, positions.to(x.device), dtype, seq_len)
+        cos, sin = _tables_at(self._rope, positions.to(x.device), dtype, seq_len)
+        return cos, _signed(sin, self._rope.layout)
 
     def cos_sin(
         self,

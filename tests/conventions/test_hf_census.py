@@ -16,7 +16,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         os.environ.get("POSENC_CENSUS") != "1",
-        reason="the census runs on its own (POSENC_CENSUS=1 pytest tests/conventions/test_hf_census.py)",
+        reason="the census runs on its own "
+        "(POSENC_CENSUS=1 pytest tests/conventions/test_hf_census.py)",
     ),
 ]
 

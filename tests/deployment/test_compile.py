@@ -3,7 +3,8 @@
 Two paths are checked. Within ``max_len`` the compiled graph reads the cached table (built while tracing, outside
 the graph), so it adds the same float32 rows as eager mode and matches bitwise. Past ``max_len``, and in an exported
 program, the encoding is computed inside the graph by another kernel (inductor's sin/cos and pow, not ATen's), so
-it matches to the tolerance derived in ``tolerance`` below. The chapter book/11_gpu.ipynb states the same results.
+it matches to the tolerance derived in ``tolerance`` (tests/references/compiled.py). The chapter
+book/11_gpu.ipynb states the same results.
 
 Compilation on CPU is slow (inductor builds C++), so the structural checks use a backend that only records the
 graph and runs it eagerly, and a few tests compile for real.
@@ -16,33 +17,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
 from posenc import PositionalEncoding, sinusoidal_encoding
+from tests.references.compiled import TinyModel, recording_backend, tolerance
 from tests.references.floors import needs_compile, needs_export
-
-
-def tolerance(dtype: torch.dtype, max_angle: float) -> dict[str, float]:
-    """``atol``/``rtol`` for ``x + PE`` when PE comes from two different sin/cos kernels.
-
-    Both kernels form the float64 angle ``p * omega_i`` and take its sine or cosine. Each kernel's sin, cos and pow
-    is within 2 ulps (CUDA's documented maximum in double precision; ATen's and inductor's CPU kernels are within
-    1), so two sines of the same angle differ by at most 4 ulps of a value <= 1, 4 * 2**-53; two frequencies
-    ``base**(-2i/d)`` differ by at most 4 ulps, a relative 4 * 2**-52 = 2**-50, which moves an angle, and its
-    sine, by up to ``angle * 2**-50``. So in float64 ``|dPE| <= 2**-51 * (1 + 2 * max_angle)``. Rounded to
-    float32 or half, differences that small can only flip a rounding, by one ulp of a value below 1: ``eps / 2``.
-    Adding x rounds once more: ``rtol = eps``.
-    """
-    eps = torch.finfo(dtype).eps
-    atol = 2.0**-51 * (1 + 2 * max_angle) if dtype == torch.float64 else eps / 2
-    return {"atol": atol, "rtol": eps}
-
-
-def recording_backend(graphs: list[torch.fx.GraphModule]):
-    """A torch.compile backend that keeps the traced graph and runs it eagerly (no code generation)."""
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        graphs.append(gm)
-        return gm.forward
-
-    return backend
 
 
 def computes_sines(gm: torch.fx.GraphModule) -> bool:
@@ -130,27 +106,6 @@ def test_inductor_past_max_len_matches_eager_within_derived_tolerance():
             torch.testing.assert_close(
                 compiled(x), module(x), **tolerance(dtype, max_angle=seq_len)
             )
-
-
-class TinyModel(nn.Module):
-    """Embedding -> positional encoding -> linear: the smallest model that uses the module."""
-
-    def __init__(
-        self,
-        vocab: int = 50,
-        d_model: int = 16,
-        max_len: int = 32,
-        batch_first: bool = False,
-    ) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d_model)
-        self.pe = PositionalEncoding(
-            d_model, dropout_prob=0.1, max_len=max_len, batch_first=batch_first
-        )
-        self.out = nn.Linear(d_model, 4)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.out(self.pe(self.embed(tokens)))
 
 
 @needs_export

@@ -4,7 +4,7 @@ explicit positions on the device, and torch.compile / torch.export of a model us
 Every test is marked ``gpu``: conftest.py skips them where ``torch.cuda.is_available()`` is False, and
 ``tools/gpu_check.py`` (``make gpu-check``) runs them with ``python3 -m pytest -m gpu tests/`` on a CUDA machine.
 Bounds (the precision chapter's): float32 within 6e-8 of the float64 value; float16 and bfloat16 equal to the float64
-value rounded once; float64 within the two-kernel tolerance derived in tests/deployment/test_compile.py.
+value rounded once; float64 within the two-kernel tolerance derived in tests/references/compiled.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from posenc import PositionalEncoding, sinusoidal_encoding
-from tests.deployment.test_compile import TinyModel, tolerance
+from tests.references.compiled import TinyModel, tolerance
 
 pytestmark = pytest.mark.gpu
 

@@ -163,7 +163,8 @@ def test_scheduling_units() -> None:
     assert scope_of("tests/rotary/test_rotation_peers.py::test_x[1-2]") == "peers"
     assert (
         scope_of(
-            "tests/sinusoidal/test_encoding_conventions.py::test_the_installed_hugging_face_tables"
+            "tests/sinusoidal/test_encoding_conventions.py"
+            "::test_the_installed_hugging_face_tables"
         )
         == "peers"
     )
@@ -175,7 +176,8 @@ def test_scheduling_units() -> None:
     assert scope_of("tests/deployment/test_compile.py::test_x") == "compile"
     assert (
         scope_of(
-            "tests/sinusoidal/test_encoding_precision.py::test_module_under_torch_compile"
+            "tests/sinusoidal/test_encoding_precision.py"
+            "::test_module_under_torch_compile"
         )
         == "compile"
     )

@@ -45,6 +45,7 @@ def _has_python_backend() -> bool:
 #: Python backend, which older torch lacks
 needs_fake_accelerator = pytest.mark.skipif(
     not _has_python_backend(),
-    reason="tests/references/host_syncs.py's fake accelerator needs torch.utils.backend_registration."
-    f"_setup_privateuseone_for_python_backend, which torch {torch.__version__} lacks",
+    reason="tests/references/host_syncs.py's fake accelerator needs "
+    "torch.utils.backend_registration._setup_privateuseone_for_python_backend, "
+    f"which torch {torch.__version__} lacks",
 )

@@ -53,8 +53,8 @@ from posenc import (
     rotary_frequencies,
 )
 from posenc.sinusoidal.encoding import _round_once
-from tests.deployment.test_compile import recording_backend
 from tests.references import rotary_peers as peers
+from tests.references.compiled import recording_backend
 from tests.references.floors import needs_compile, needs_export
 
 U32, U64 = 2.0**-24, 2.0**-53
@@ -630,10 +630,15 @@ def test_module_branches_are_bitwise_apply_rotary(layout, rotary_dim, dtype, sha
         assert torch.equal(rope.rotate(k, offset=offset), out[1])
         assert all(a.shape == shape and a.dtype == dtype for a in out)
     assert torch.equal(rope(q.half(), k.half())[0], apply_rotary(q.half(), **kw))
-    # the cached table is the function's table of positions 0 .. max_len - 1
-    cos, sin = rope._tables[(q.device, dtype)]
+    # the cached table is the function's table of positions 0 .. max_len - 1, its sine
+    # signed as the rotation takes it: -sin θ on each pair's first channel
+    cos, signed = rope._tables[(q.device, dtype)]
     want = rotary_cos_sin(64, 16, layout=layout, rotary_dim=rotary_dim, dtype=dtype)
+    first = torch.arange(want[1].shape[-1])
+    first = first % 2 == 0 if layout == "interleaved" else first < first.numel() // 2
+    sin = torch.where(first, -signed, signed)
     assert torch.equal(cos, want[0]) and torch.equal(sin, want[1])
+    assert torch.equal(signed[:, first], -want[1][:, first])
 
 
 @pytest.mark.parametrize("layout", ["interleaved", "half"])

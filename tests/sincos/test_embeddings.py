@@ -18,7 +18,6 @@ import math
 import pickle
 import weakref
 
-import mpmath
 import numpy as np
 import pytest
 import torch
@@ -39,6 +38,7 @@ from posenc import (
 )
 from posenc.sincos.embeddings import _sincos
 from posenc.sinusoidal.encoding import _round_once
+from tests.references.exact import TIMESTEP_SETTINGS, exact_embedding
 from tests.references.floors import needs_compile, needs_fake_accelerator
 from tests.references.sincos_peers import (
     adm_timestep_embedding,
@@ -53,31 +53,6 @@ from tests.references.sincos_peers import (
 )
 
 F64 = torch.float64
-SETTINGS = [
-    (False, 1.0),
-    (True, 0.0),
-    (True, 1.0),
-    (False, 0.0),
-]  # (flip_sin_to_cos, shift)
-
-
-def exact_embedding(
-    t: torch.Tensor, dim: int, flip: bool, shift: float, scale: float, max_period: float
-) -> torch.Tensor:
-    """The time-step embedding in 40-digit arithmetic (mpmath), rounded to float64: ``[N, dim]``."""
-    mpmath.mp.dps = 40
-    half = dim // 2
-    out = torch.zeros(len(t), dim, dtype=F64)
-    omega = [
-        mpmath.mpf(max_period) ** (-mpmath.mpf(j) / (half - mpmath.mpf(shift)))
-        for j in range(half)
-    ]
-    for n, tn in enumerate(t.double().tolist()):
-        for j in range(half):
-            theta = mpmath.mpf(scale) * mpmath.mpf(tn) * omega[j]
-            sin, cos = float(mpmath.sin(theta)), float(mpmath.cos(theta))
-            out[n, j], out[n, half + j] = (cos, sin) if flip else (sin, cos)
-    return out
 
 
 def angles(t: torch.Tensor, dim: int, shift: float, base: float = 1e4) -> torch.Tensor:
@@ -93,7 +68,7 @@ def angles(t: torch.Tensor, dim: int, shift: float, base: float = 1e4) -> torch.
 # ----------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("flip", "shift"), SETTINGS)
+@pytest.mark.parametrize(("flip", "shift"), TIMESTEP_SETTINGS)
 @pytest.mark.parametrize("dim", [64, 7])
 def test_float32_is_within_2_24_of_the_exact_values(flip, shift, dim):
     torch.manual_seed(dim)

@@ -14,8 +14,8 @@ import torch
 import posenc
 from posenc import frequencies, sinusoidal_encoding
 from posenc.sinusoidal import encoding
-from tests.sinusoidal.test_encoding_precision import numpy_encoding
-from tests.sinusoidal.test_encoding_precision import round_once as single_rounding
+from tests.references.exact import numpy_encoding
+from tests.references.exact import round_once as single_rounding
 
 
 @pytest.mark.parametrize("d_model", [1, 2, 3, 7, 64, 512, 513])

@@ -22,9 +22,9 @@ from tests.references.classic import (
     TutorialPositionalEncoding,
     labml_get_positional_encoding,
 )
+from tests.references.exact import round_once as single_rounding
 from tests.references.floors import needs_fake_accelerator
 from tests.references.host_syncs import DEVICE, host_syncs
-from tests.sinusoidal.test_encoding_precision import round_once as single_rounding
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from benchmarks.bench_sincos import (
     into_output_embedding,
 )
 from posenc import timestep_embedding
-from tests.sincos.test_embeddings import SETTINGS, exact_embedding
+from tests.references.exact import TIMESTEP_SETTINGS, exact_embedding
 
 U = 2.0**-53
 F64 = torch.float64
@@ -71,7 +71,7 @@ def test_variants_compute_the_same_embeddings():
         torch.testing.assert_close(x32.double(), x64, rtol=0, atol=1e-3)
 
 
-@pytest.mark.parametrize(("flip", "shift"), SETTINGS)
+@pytest.mark.parametrize(("flip", "shift"), TIMESTEP_SETTINGS)
 @pytest.mark.parametrize("dim", [320, 7])
 def test_fewer_passes_give_the_same_bits(flip, shift, dim):
     t = torch.cat([torch.rand(50) * 1000, torch.arange(0, 1000, 37).float()])
@@ -81,7 +81,7 @@ def test_fewer_passes_give_the_same_bits(flip, shift, dim):
     )
 
 
-@pytest.mark.parametrize(("flip", "shift"), SETTINGS)
+@pytest.mark.parametrize(("flip", "shift"), TIMESTEP_SETTINGS)
 @pytest.mark.parametrize("dim", [320, 7, 33])
 def test_one_tangent_per_angle_is_within_2_to_minus_24_of_the_exact_values(
     flip, shift, dim
@@ -137,7 +137,7 @@ def test_angle_addition_is_within_its_bound_of_the_exact_values(
         assert torch.equal(ours32[:, -1], torch.zeros(len(t)))
 
 
-@pytest.mark.parametrize(("flip", "shift"), SETTINGS)
+@pytest.mark.parametrize(("flip", "shift"), TIMESTEP_SETTINGS)
 def test_angle_addition_agrees_with_the_direct_road_at_every_step_below_10000(
     flip, shift
 ):
