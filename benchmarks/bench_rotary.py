@@ -360,7 +360,9 @@ def make_core_variants(
     """The plain core against posenc at one shape and dtype: ``minimal`` (``x * cos + rotate_half(x) * sin`` on
     tables precomputed in the inputs' dtype, the least a rotation can do in eager mode), ``hf`` (transformers'
     ``apply_rotary_pos_emb`` on the same tables, as its rotary module hands them over: in the inputs' dtype) and
-    ``posenc`` (``RotaryEmbedding(head_dim, layout="half")(q, k, offset=...)``, the cached table sliced)."""
+    ``posenc`` (``RotaryEmbedding(head_dim, layout="half")(q, k, offset=...)``, the cached table sliced),
+    ``posenc_forward`` (its ``forward`` called directly, without ``nn.Module.__call__``); in half precision also
+    ``posenc_each``, the module with ``rounding="each"``."""
     apply_rotary_pos_emb = _hf_apply()
     torch.manual_seed(0)
     q = torch.randn(shape, device=device).to(dtype)
@@ -375,11 +377,22 @@ def make_core_variants(
     def minimal() -> Any:
         return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
 
-    return {
+    variants = {
         "minimal": minimal,
         "hf": lambda: apply_rotary_pos_emb(q, k, cos, sin),
         "posenc": lambda: rope(q, k, offset=offset),
+        # the same without nn.Module.__call__ (its hooks machinery): posenc's own code
+        "posenc_forward": lambda: rope.forward(q, k, offset=offset),
     }
+    if dtype in (
+        torch.bfloat16,
+        torch.float16,
+    ):  # rounding="each": transformers' arithmetic
+        each = RotaryEmbedding(head_dim, layout="half", max_len=4096, rounding="each")
+        each = each.to(device)
+        each(q, k, offset=offset)
+        variants["posenc_each"] = lambda: each(q, k, offset=offset)
+    return variants
 
 
 def time_core(
@@ -399,6 +412,11 @@ def time_core(
                 min_rounds=min_rounds,
             )
             ratio = {n: paired(times, n, "posenc") for n in ("minimal", "hf")}
+            # posenc's own code, without nn.Module.__call__
+            ratio["minimal_over_forward"] = paired(times, "minimal", "posenc_forward")
+            # transformers' arithmetic: rounding="each" against transformers' time
+            if "posenc_each" in times:
+                ratio["hf_over_each"] = paired(times, "hf", "posenc_each")
             out.append({
                 "device": device.type, "shape": list(shape), "first_position": offset,
                 "dtype": str(dtype).removeprefix("torch."), "rounds": rounds, "calls_per_block": calls,
@@ -418,7 +436,9 @@ def time_core(
 
 def core_goals(core: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The plain core's goals: a float32 decoding step within 10 % of the minimal rotation and at least as fast
-    as transformers' (within 3 % of noise); in half precision at least 0.9 times transformers' speed."""
+    as transformers' (within 3 % of noise); in half precision, with ``rounding="each"`` (transformers' own
+    arithmetic), at least 0.9 times transformers' speed. The default ``"once"`` (float32, rounded once) is
+    reported beside it, without a goal: a stated choice of accuracy over speed (chapter 12)."""
     checks = []
     for res in core:
         decode, ratio = res["shape"][2] == 1, res["over_posenc"]
@@ -426,8 +446,14 @@ def core_goals(core: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if res["dtype"] == "float32" and decode:
             wanted += [("minimal", "within 10 % of the minimal rotation", 1 / 1.1)]
             wanted += [("hf", "at least as fast as transformers'", 0.97)]
-        elif res["dtype"] != "float32":
-            wanted += [("hf", "at least 0.9 times transformers' speed", 0.9)]
+        elif res["dtype"] != "float32":  # rounding="each": transformers' arithmetic
+            wanted += [
+                (
+                    "hf_over_each",
+                    "with rounding='each' at least 0.9 times transformers' speed",
+                    0.9,
+                )
+            ]
         for name, goal, floor in wanted:
             checks.append({
                 "device": res["device"], "shape": res["shape"], "dtype": res["dtype"],

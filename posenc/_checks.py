@@ -16,6 +16,7 @@ __all__ = [
     "check_even",
     "check_int",
     "check_integer_tensor",
+    "check_max_len",
     "check_offset",
     "check_real",
     "in_torch_func",
@@ -82,6 +83,12 @@ def check_count(
 
 
 # 18_argument_checks.ipynb, cell 11: The checks
+def check_max_len(max_len: object) -> int:
+    """``max_len``, the number of positions a module caches: a positive int."""
+    return check_count("max_len", max_len, 1, "5000", "the number of cached positions")
+
+
+# 18_argument_checks.ipynb, cell 12: The checks
 def check_even(name: str, value: object, what: str, example: str) -> int:
     """``value`` as a positive even int (channels rotated in pairs)."""
     fix = f"pass e.g. {name}={example}"
@@ -94,7 +101,7 @@ def check_even(name: str, value: object, what: str, example: str) -> int:
     return value
 
 
-# 18_argument_checks.ipynb, cell 12: The checks
+# 18_argument_checks.ipynb, cell 13: The checks
 def check_real(
     name: str,
     value: object,
@@ -134,7 +141,7 @@ def check_real(
     return value
 
 
-# 18_argument_checks.ipynb, cell 13: The checks
+# 18_argument_checks.ipynb, cell 14: The checks
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     """``value`` if it is one of ``choices``, else a ValueError listing them."""
     if not isinstance(value, str) or value not in choices:
@@ -143,7 +150,7 @@ def check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     return value
 
 
-# 18_argument_checks.ipynb, cell 14: The checks
+# 18_argument_checks.ipynb, cell 15: The checks
 def check_bool(name: str, value: object, why: str) -> bool:
     """``value`` if it is a bool (not merely truthy), else a TypeError."""
     if not isinstance(value, bool):
@@ -151,7 +158,7 @@ def check_bool(name: str, value: object, why: str) -> bool:
     return value
 
 
-# 18_argument_checks.ipynb, cell 15: The checks
+# 18_argument_checks.ipynb, cell 16: The checks
 def check_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
     """``dtype`` if it is a floating torch.dtype, else a TypeError."""
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -162,7 +169,7 @@ def check_dtype(dtype: object, name: str = "dtype") -> torch.dtype:
     return dtype
 
 
-# 18_argument_checks.ipynb, cell 16: The checks
+# 18_argument_checks.ipynb, cell 17: The checks
 def check_base(base: object, name: str = "base") -> float:
     """The base of the frequencies ω_i = base^(-2i/d): a finite number > 1."""
     return check_real(
@@ -171,7 +178,7 @@ def check_base(base: object, name: str = "base") -> float:
     )  # fmt: skip
 
 
-# 18_argument_checks.ipynb, cell 18: The checks
+# 18_argument_checks.ipynb, cell 19: The checks
 def check_offset(offset: object, name: str = "offset", fix: str = "") -> int:
     """``offset`` as an int in [0, 2^53]: the position of a sequence's first token.
 
@@ -203,7 +210,7 @@ def check_offset(offset: object, name: str = "offset", fix: str = "") -> int:
     return offset
 
 
-# 18_argument_checks.ipynb, cell 20: When values are read
+# 18_argument_checks.ipynb, cell 21: When values are read
 #: Dtypes torch stores but has no CPU arithmetic for: refused here by name,
 #: not left to a kernel's NotImplementedError deep inside a call.
 STORAGE_ONLY = frozenset(

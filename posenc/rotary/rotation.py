@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-__all__ = ["RotaryEmbedding", "apply_rotary", "rotary_cos_sin"]
+__all__ = ["ROUNDINGS", "RotaryEmbedding", "apply_rotary", "rotary_cos_sin"]
 
 # 06_rotary.ipynb, cell 11: The implementation
 
@@ -17,9 +17,9 @@ from torch import Tensor, nn
 
 from posenc._checks import (
     check_choice,
-    check_count,
     check_dtype,
     check_even,
+    check_max_len,
     in_torch_func,
 )
 from posenc._tables import cached_table, is_exporting
@@ -39,24 +39,35 @@ from posenc.rotary._args import (
 from posenc.sinusoidal.encoding import _round_once
 
 _HALF = (torch.float16, torch.bfloat16)  # rotated in float32, rounded once
+#: how float16 and bfloat16 inputs are rotated: in float32, rounded once, or in
+#: their own dtype, each operation rounding (transformers' arithmetic)
+ROUNDINGS = ("once", "each")
 _CHUNK = 1 << 12  # positions per block of float64 angles: a few MiB besides a table
 _STACK_LIMIT = 1 << 16  # q and k of at most this many elements are rotated stacked
 
 
 # 06_rotary.ipynb, cell 13: The rotation
 def _rotate(
-    x: Tensor, cos: Tensor, sin: Tensor, layout: str, seq_dim: int, dims: int = 0
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    layout: str,
+    seq_dim: int,
+    dims: int = 0,
+    rounding: str = "once",
 ) -> Tensor:
     """Turn every pair (a, b) of the first r = ``cos.shape[-1]`` channels of ``x``
     to (a cos θ - b sin θ, b cos θ + a sin θ); the other channels pass through.
     ``cos``: ``[seq_len, r]`` or, per sequence, ``[batch, seq_len, r]``, for
     tensors of ``dims`` dims (default x's) with the sequence at ``seq_dim``;
-    ``sin``: the same, signed (``_signed``: -sin θ on a pair's first channel)."""
+    ``sin``: the same, signed (``_signed``: -sin θ on a pair's first channel).
+    float16 and bfloat16 ``x`` are rotated in float32 and rounded once, or with
+    ``rounding="each"`` in their own dtype (tables in it too)."""
     if seq_dim == -3:  # [..., seq_len, heads, head_dim]: one row for all heads
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     while cos.dim() > 2 + (seq_dim == -3) and cos.dim() < (dims or x.dim()):
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # per sequence: [batch, 1, ...]
-    low = x.dtype in _HALF
+    low = rounding == "once" and x.dtype in _HALF
     xc = x.float() if low else x
     r = cos.shape[-1]
     xr = xc[..., :r] if r < xc.shape[-1] else xc
@@ -253,10 +264,11 @@ def rotary_cos_sin(
 
 
 # 06_rotary.ipynb, cell 22: The functions
-def _compute_dtype(x: Tensor) -> torch.dtype:
+def _compute_dtype(x: Tensor, rounding: str = "once") -> torch.dtype:
     """The dtype ``x`` is rotated in, and its tables': float32 for float16 and
-    bfloat16 (rounded once to x's dtype at the end), else x's own."""
-    return torch.float32 if x.dtype in _HALF else x.dtype
+    bfloat16 with ``rounding="once"`` (rounded once to x's dtype at the end), else
+    x's own (``"each"``: every operation rounds to it, as in transformers)."""
+    return torch.float32 if rounding == "once" and x.dtype in _HALF else x.dtype
 
 
 # 06_rotary.ipynb, cell 23: The functions
@@ -305,6 +317,7 @@ def apply_rotary(
     scaling: Mapping[str, Any] | None = None,
     axes_dim: Sequence[int] | None = None,
     seq_dim: int = -2,
+    rounding: str = "once",
 ) -> Tensor:
     """Rotary position embedding: rotate each channel pair of ``x`` by its angle.
 
@@ -340,25 +353,34 @@ def apply_rotary(
         base, layout, rotary_dim, scaling, axes_dim: as in :func:`rotary_cos_sin`
             (``base``, ``scaling`` and ``axes_dim`` only with positions).
         seq_dim: the axis of x holding the sequence, -2 or -3.
+        rounding: for float16 and bfloat16 ``x``, ``"once"`` (rotated in float32,
+            rounded once: within half a unit in the last place) or ``"each"``
+            (rotated in x's dtype, tables rounded to it, each operation rounding:
+            transformers' arithmetic, about twice as fast on a CPU); see
+            :doc:`12_performance`. Other dtypes: no difference.
 
     Returns:
         Tensor of ``x``'s shape, dtype and device.
     """
     seq_dim = _check_seq_dim(seq_dim)
     _check_inputs(x, None, None, seq_dim)
+    check_choice("rounding", rounding, ROUNDINGS)
     if cos is not None or sin is not None:
         check_choice("layout", layout, ROTARY_LAYOUTS)
         cos, sin = _given_tables(
             x, cos, sin, rotary_dim, seq_dim, positions=positions, base=base,
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
-        return _rotate(x, cos, _signed(sin, layout), layout, seq_dim)
+        dtype = _compute_dtype(x, rounding)
+        if rounding == "each" and cos.dtype != dtype:  # transformers' cast of tables
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return _rotate(x, cos, _signed(sin, layout), layout, seq_dim, 0, rounding)
     rope = _rope_of(
         x, rotary_dim, base=base, layout=layout, scaling=scaling, axes_dim=axes_dim
     )
     positions, seq_len = _positions_of(x, positions, rope, seq_dim)
-    cos, sin = _tables_at(rope, positions, _compute_dtype(x), seq_len)
-    return _rotate(x, cos, _signed(sin, layout), layout, seq_dim)
+    cos, sin = _tables_at(rope, positions, _compute_dtype(x, rounding), seq_len)
+    return _rotate(x, cos, _signed(sin, layout), layout, seq_dim, 0, rounding)
 
 
 # 06_rotary.ipynb, cell 27: The module
@@ -459,6 +481,8 @@ class RotaryEmbedding(nn.Module):
         base, layout, rotary_dim, scaling, axes_dim: as in :func:`rotary_cos_sin`
             (several axes: positions are then ``[axes, ...]``).
         max_len: number of positions whose tables are cached, a positive int.
+        rounding: ``"once"`` or ``"each"``, as in :func:`apply_rotary` (float16 and
+            bfloat16 inputs only).
 
     Shape:
         - q: ``[..., heads, seq_len, head_dim]``, e.g. ``[batch, heads, seq_len,
@@ -470,7 +494,7 @@ class RotaryEmbedding(nn.Module):
     head_dim, rotary_dim = _setting("head_dim"), _setting("rotary_dim")
     layout, base = _setting("layout"), _setting("base")
     rope_type, max_len = _setting("rope_type"), _setting("max_len")
-    axes_dim = _setting("axes_dim")
+    axes_dim, rounding = _setting("axes_dim"), _setting("rounding")
     attention_factor = _setting("attention_factor")  # YaRN, LongRoPE; else 1.0
 
     def __init__(
@@ -483,6 +507,7 @@ class RotaryEmbedding(nn.Module):
         max_len: int = 4096,
         scaling: Mapping[str, Any] | None = None,
         axes_dim: Sequence[int] | None = None,
+        rounding: str = "once",
     ) -> None:
         super().__init__()
         head_dim = check_even("head_dim", head_dim, "channels per head", "128")
@@ -490,14 +515,13 @@ class RotaryEmbedding(nn.Module):
             head_dim, base=base, layout=layout, rotary_dim=rotary_dim,
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
-        max_len = check_count(
-            "max_len", max_len, 1, "5000", "the number of cached positions"
-        )
+        max_len = check_max_len(max_len)
         self._settings = {
             "head_dim": head_dim, "rotary_dim": rope.rotary_dim, "layout": rope.layout,
             "base": rope.params["rope_theta"], "rope_type": rope.params["rope_type"],
             "max_len": max_len, "attention_factor": rope.attention,
             "axes_dim": list(axes_dim) if axes_dim is not None else None,
+            "rounding": check_choice("rounding", rounding, ROUNDINGS),
         }  # fmt: skip
         # longrope: the cached (short) table stops at the original length
         self._cached_len = min(max_len, rope.switch or max_len)
@@ -511,6 +535,7 @@ class RotaryEmbedding(nn.Module):
     def extra_repr(self) -> str:
         names = ["head_dim", "rotary_dim", "base", "layout", "max_len", "rope_type"]
         names = names if self.rope_type != "default" else names[:-1]
+        names += ["rounding"] if self.rounding != "once" else []
         text = ", ".join(f"{name}={self._settings[name]!r}" for name in names)
         sections = self._rope.sections
         return text + (f", sections={list(sections)}" if sections else "")
@@ -546,7 +571,7 @@ class RotaryEmbedding(nn.Module):
         """The tables of ``x``'s tokens, of ``positions`` or of ``offset ..
         offset + seq_len - 1``, in x's compute dtype, on its device: rows of the
         cached table where one serves the call (``cached_table``'s rules)."""
-        dtype, end = _compute_dtype(x), offset + x.shape[seq_dim]
+        dtype, end = _compute_dtype(x, self.rounding), offset + x.shape[seq_dim]
         seq_len = _frequency_length(self, positions, end)
         if positions is None:
             # no table under torch.export (asked first: no guard on end)
@@ -622,16 +647,17 @@ class RotaryEmbedding(nn.Module):
         """
         offset, positions, seq_dim = _checked(self, q, k, offset, positions, seq_dim)
         cos, sin = self._rows(q, offset, positions, seq_dim)
-        layout = self._rope.layout
+        layout, rounding = self._rope.layout, self.rounding
         small = not torch.compiler.is_compiling() and q.numel() <= _STACK_LIMIT
         if small and q.shape == k.shape and q.dtype == k.dtype:
             # a decoding step: q and k rotated as one tensor, half the kernel launches
             qk = torch.stack((q, k))
-            return _rotate(qk, cos, sin, layout, seq_dim, q.dim()).unbind(0)
-        q_out = _rotate(q, cos, sin, layout, seq_dim)
-        if _compute_dtype(k) != cos.dtype:  # k's own rows: q's would round twice
+            return _rotate(qk, cos, sin, layout, seq_dim, q.dim(), rounding).unbind(0)
+        q_out = _rotate(q, cos, sin, layout, seq_dim, 0, rounding)
+        # k's own rows where its compute dtype differs: q's would round twice
+        if _compute_dtype(k, rounding) != cos.dtype:
             cos, sin = self._rows(k, offset, positions, seq_dim)
-        return q_out, _rotate(k, cos, sin, layout, seq_dim)
+        return q_out, _rotate(k, cos, sin, layout, seq_dim, 0, rounding)
 
     def rotate(
         self,
@@ -652,4 +678,4 @@ class RotaryEmbedding(nn.Module):
         """
         offset, positions, seq_dim = _checked(self, x, None, offset, positions, seq_dim)
         cos, sin = self._rows(x, offset, positions, seq_dim)
-        return _rotate(x, cos, sin, self._rope.layout, seq_dim)
+        return _rotate(x, cos, sin, self._rope.layout, seq_dim, 0, self.rounding)

@@ -18,6 +18,7 @@ from posenc._checks import (
     check_computable,
     check_count,
     check_integer_tensor,
+    check_max_len,
     check_offset,
     values_checkable,
 )
@@ -38,9 +39,7 @@ def check_settings(
         raise TypeError(f"batch_first must be a bool, got {batch_first!r}")
     return {
         "d_model": check_count("d_model", d_model, 1, "512", "the embedding width"),
-        "max_len": check_count(
-            "max_len", max_len, 1, "5000", "the number of cached positions"
-        ),
+        "max_len": check_max_len(max_len),
         "base": check_base(base),
         "batch_first": batch_first,
         "layout": check_choice("layout", layout, LAYOUTS),

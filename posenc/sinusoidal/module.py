@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_count, in_torch_func
+from posenc._checks import check_count, check_max_len, in_torch_func
 from posenc._compat import ClassicCompat, dropout_probability
 from posenc._tables import assume_constant_result, cached_table, is_exporting
 from posenc.sinusoidal._args import check_forward, check_settings
@@ -278,9 +278,7 @@ def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
         float32 tensor of shape ``[max_len, 1, d_model]`` (sequence-first, with a
         batch axis of 1 to broadcast).
     """
-    max_len = check_count(
-        "max_len", max_len, 1, "5000", "the number of cached positions"
-    )
+    max_len = check_max_len(max_len)
     d_model = check_count("d_model", d_model, 1, "512", "the embedding width")
     p = torch.arange(max_len, dtype=torch.float64)
     table = _encoding_rows(p, d_model, 10000.0, "interleaved", "paper", torch.float32)

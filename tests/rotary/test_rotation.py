@@ -1736,3 +1736,46 @@ def test_cuda_scaled_and_multi_axis_rotations_match_the_cpu_and_keep_their_state
         on_cpu.cos_sin(torch.arange(length))
         on_cuda.cos_sin(torch.arange(length, device="cuda"))
         assert on_cpu._seq_len == on_cuda._seq_len
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_rounding_once_is_within_half_an_ulp_and_each_rounds_every_operation(dtype):
+    torch.manual_seed(0)
+    q, k = (torch.randn(2, 4, 33, 64).to(dtype) for _ in "qk")
+    cos, sin = rotary_cos_sin(torch.arange(100, 133), 64, layout="half", dtype=dtype)
+    # "each": the arithmetic of x * cos + rotate_half(x) * sin in x's dtype, on the
+    # tables rounded once to it
+    each = [x * cos + _rotate_half(x) * sin for x in (q, k)]
+    rope = RotaryEmbedding(64, layout="half", rounding="each")
+    for got, want in zip(rope(q, k, offset=100), each):
+        assert torch.equal(got, want) and got.dtype == dtype
+    assert torch.equal(apply_rotary(q, 100, layout="half", rounding="each"), each[0])
+    kw = {"cos": cos.float(), "sin": sin.float(), "layout": "half", "rounding": "each"}
+    assert torch.equal(apply_rotary(q, **kw), each[0])  # tables cast to x's dtype
+    assert torch.equal(rope.rotate(q, offset=100), each[0])
+    # "once" (the default): the float64 rotation of x rounded once, to within half a
+    # unit in the last place, plus the float32 computation's few units of 2^-24 of
+    # the terms |a| + |b| (bounded here by 2^-22 of them)
+    exact = apply_rotary(q.double(), 100, layout="half")
+    once = RotaryEmbedding(64, layout="half")(q, k, offset=100)[0]
+    tiny = torch.finfo(dtype).smallest_normal
+    spacing = torch.finfo(dtype).eps * 2.0 ** torch.floor(
+        torch.log2(exact.abs() + tiny)
+    )
+    terms = (q.abs() + q.roll(32, -1).abs()).double()
+    error = (once.double() - exact).abs()
+    assert (error <= spacing / 2 + terms * 2.0**-22).all()
+    assert (each[0].double() - exact).abs().max() > error.max()
+
+
+def test_rounding_must_be_once_or_each():
+    with pytest.raises(ValueError, match="rounding"):
+        RotaryEmbedding(8, rounding="fast")
+    with pytest.raises(ValueError, match="rounding"):
+        apply_rotary(torch.zeros(1, 2, 8), rounding="per_op")
+    assert "rounding='each'" in repr(RotaryEmbedding(8, rounding="each"))

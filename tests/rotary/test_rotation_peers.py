@@ -564,3 +564,23 @@ def test_numpy_reference_is_independent_of_posenc():
     assert np.isclose(
         ref[0, 2, 6], a * math.cos(theta) - b * math.sin(theta), rtol=0, atol=1e-9
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_rounding_each_is_transformers_apply_rotary_pos_emb_bitwise(dtype):
+    # transformers rotates half-precision q and k in their own dtype, with the tables
+    # cast to it: rounding="each" is that arithmetic, on posenc's tables
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    q, k = (torch.randn(1, 4, 17, 64).to(dtype) for _ in "qk")
+    cos, sin = rotary_cos_sin(
+        torch.arange(40, 57)[None], 64, layout="half", dtype=dtype
+    )
+    want = apply_rotary_pos_emb(q, k, cos, sin)
+    got = RotaryEmbedding(64, layout="half", rounding="each")(q, k, offset=40)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # the default rounds once instead, and differs from it somewhere
+    assert not torch.equal(
+        RotaryEmbedding(64, layout="half")(q, k, offset=40)[0], want[0]
+    )
