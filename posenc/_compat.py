@@ -87,7 +87,7 @@ class ClassicCompat:
         # torch.jit.script calls this on every submodule before compiling it
         raise TypeError(
             "torch.jit.script cannot compile posenc.PositionalEncoding (its forward "
-            "takes keyword-only offset and positions, and its per-device cache is a "
+            "takes an offset that is an int or a tensor, and its per-device cache is a "
             "dict of tensors). TorchScript is deprecated: use "
             "torch.export.export(model, (x,)) for a graph, or "
             "torch.jit.trace(model, (x,)), which works"

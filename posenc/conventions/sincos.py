@@ -82,7 +82,7 @@ class Timesteps(nn.Module):
             f"scale={self.scale:g}, max_period={self.max_period:g}"
         )
 
-    def forward(self, timesteps: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
+    def forward(self, timesteps: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """``[N]`` time steps -> ``[N, num_channels]`` embeddings."""
         return timestep_embedding(
             timesteps, self.num_channels, flip_sin_to_cos=self.flip_sin_to_cos,

@@ -9,6 +9,7 @@ __all__ = ["ROTARY_LAYOUTS"]
 # 15_rotary_conventions.ipynb, cell 34: The arguments
 
 import ast
+import operator
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -165,7 +166,10 @@ def _setting(name: str) -> property:
 
 # 15_rotary_conventions.ipynb, cell 39: The arguments
 def _check_seq_dim(seq_dim: object) -> int:
-    # (a symbolic int while torch.compile traces with dynamic=True)
+    # (a symbolic int while torch.compile traces with dynamic=True; a 0-dim tensor
+    # where the legacy ONNX exporter passes forward's default: read as an int)
+    if isinstance(seq_dim, Tensor) and torch.jit.is_tracing() and seq_dim.dim() == 0:
+        seq_dim = operator.index(seq_dim)
     if isinstance(seq_dim, (int, torch.SymInt)) and not isinstance(seq_dim, bool):
         if seq_dim == -2:
             return -2

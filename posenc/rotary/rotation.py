@@ -82,14 +82,21 @@ def _rotate(
 
 
 # 06_rotary.ipynb, cell 14: The rotation
-def _signed(sin: Tensor, layout: str) -> Tensor:
+def _signed(sin: Tensor, layout: str, in_place: bool = False) -> Tensor:
     """The sine table as ``_rotate`` takes it, ``[..., r]``: -sin θ on the first
     channel of each pair, sin θ on the second, so that (b, a)·(-sin θ, sin θ) is
-    (-b, a)·sin θ, bitwise (negation is exact), without negating x."""
+    (-b, a)·sin θ, bitwise (negation is exact), without negating x. ``in_place``:
+    negate ``sin``'s own first channels (a table just built, no second copy)."""
     if layout == "interleaved":  # pairs (2i, 2i+1)
         first, second = sin.unflatten(-1, (-1, 2)).unbind(-1)
+        if in_place:
+            first.neg_()
+            return sin
         return torch.stack((first.neg(), second), dim=-1).flatten(-2)
     half = sin.shape[-1] // 2  # pairs (i, i + r/2)
+    if in_place:
+        sin[..., :half].neg_()
+        return sin
     return torch.cat((sin[..., :half].neg(), sin[..., half:]), dim=-1)
 
 
@@ -563,7 +570,7 @@ class RotaryEmbedding(nn.Module):
         rotary_dim]`` (kept by ``posenc._tables.cached_table``)."""
         positions = torch.arange(self._cached_len, device=device)
         cos, sin = _tables_at(self._rope, positions, dtype)
-        return cos, _signed(sin, self._rope.layout)
+        return cos, _signed(sin, self._rope.layout, in_place=True)
 
     def _rows(
         self, x: Tensor, offset: int, positions: Tensor | None, seq_dim: int
@@ -620,7 +627,6 @@ class RotaryEmbedding(nn.Module):
         self,
         q: Tensor,
         k: Tensor,
-        *,
         offset: int = 0,
         positions: Tensor | None = None,
         seq_dim: int = -2,

@@ -117,7 +117,7 @@ class PositionalEncoding(ClassicCompat, nn.Module):
         self._tables: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
     def forward(
-        self, x: Tensor, *, offset: int | Tensor = 0, positions: Tensor | None = None
+        self, x: Tensor, offset: int | Tensor = 0, positions: Tensor | None = None
     ) -> Tensor:
         """Return ``dropout(x + PE)``.
 

@@ -16,6 +16,7 @@ the strict mark then fails until it is removed.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
@@ -224,15 +226,20 @@ def test_export_saved_and_loaded(name: str, tmp_path: Path) -> None:
 # --- ONNX, run in onnxruntime -----------------------------------------------------------------------------------
 
 
-def onnx_program(path: Path) -> Program:
+def onnx_program(path: Path, defaults: dict[str, Any] | None = None) -> Program:
     """The ONNX file at ``path`` in an onnxruntime session, called with the module's inputs (those the exporter
-    kept, by name: an input the program does not read is dropped)."""
+    kept, by name: an input the program does not read is dropped). ``defaults``: forward's parameters that the
+    legacy exporter added as inputs (``offset.1``: the default of each parameter after the given arguments, which
+    it passes positionally), fed their default values as a user of the file would."""
     ort = pytest.importorskip("onnxruntime")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     kept = [i.name for i in session.get_inputs()]
+    added = {
+        k: np.asarray(defaults[k.split(".")[0]]) for k in kept if "." in k and defaults
+    }
 
     def run(*args: Tensor) -> list[Any]:
-        feed = {f"input_{i}": a.numpy() for i, a in enumerate(args)}
+        feed = {f"input_{i}": a.numpy() for i, a in enumerate(args)} | added
         return [
             torch.from_numpy(o) for o in session.run(None, {k: feed[k] for k in kept})
         ]
@@ -289,7 +296,9 @@ def onnx_legacy(
                 module, calls[0], str(tmp_path / "model.onnx"), dynamo=False,
                 input_names=names, dynamic_axes=axes,
             )  # fmt: skip
-        return onnx_program(tmp_path / "model.onnx")
+        parameters = inspect.signature(module.forward).parameters.values()
+        defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+        return onnx_program(tmp_path / "model.onnx", defaults)
 
     return make
 
@@ -307,9 +316,42 @@ def test_onnx_legacy_export_inside_a_model(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.deploy
+def test_legacy_onnx_takes_positional_encodings_offset_as_an_input(
+    tmp_path: Path,
+) -> None:
+    """The legacy exporter, given PositionalEncoding as the whole model, makes forward's ``offset`` an input of
+    the file (the README says so): fed 3, the program adds the rows of positions 3 .. 7, as eager mode does; the
+    rotary module's int ``offset`` and ``seq_dim`` are fixed in its file, which has only q and k as inputs."""
+    pytest.importorskip("onnxruntime")
+    module, x = posenc.PositionalEncoding(16, max_len=32).eval(), torch.randn(5, 2, 16)
+    rope, q = posenc.RotaryEmbedding(16), torch.randn(1, 2, 5, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), str(tmp_path / "pe.onnx"), dynamo=False)
+        torch.onnx.export(rope, (q, q), str(tmp_path / "rope.onnx"), dynamo=False)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(
+        str(tmp_path / "pe.onnx"), providers=["CPUExecutionProvider"]
+    )
+    x_name, offset_name = (i.name for i in session.get_inputs())
+    assert offset_name.startswith("offset")
+    for offset in (0, 3):
+        (y,) = session.run(None, {x_name: x.numpy(), offset_name: np.asarray(offset)})
+        torch.testing.assert_close(
+            torch.from_numpy(y), module(x, offset=offset), atol=6e-8, rtol=0
+        )
+    session = ort.InferenceSession(
+        str(tmp_path / "rope.onnx"), providers=["CPUExecutionProvider"]
+    )
+    assert len(session.get_inputs()) == 2
+
+
+@pytest.mark.deploy
 def test_legacy_onnx_passes_keyword_only_defaults_positionally(tmp_path: Path) -> None:
-    """The torch defect behind the legacy exporter's known failures, on a module with nothing of posenc's: when
-    torch fixes it, this test fails, and the KNOWN_FAILURES entries that cite it should XPASS."""
+    """Why no public forward of posenc has a keyword-only parameter: torch 2.13's legacy exporter
+    (its _decide_input_format) passes the default of each one as one more positional argument, so such a forward
+    raises TypeError, shown here on a module with nothing of posenc's. When torch fixes it, this test fails."""
 
     class KeywordOnly(nn.Module):
         def forward(self, x: Tensor, *, shift: int = 0) -> Tensor:
@@ -388,7 +430,7 @@ LONGER = {  # traced at one length, called at another (past max_len where a tabl
     ),
 }
 #: (path, case) -> what fails (none): the legacy exporter runs a model whose forward calls the module (Inside),
-#: as models hold posenc's modules; the module as the exported model itself meets LEGACY_ONNX_ARGS
+#: as models hold posenc's modules
 LONGER_KNOWN: dict[tuple[str, str], str] = {}
 
 

@@ -220,18 +220,7 @@ PATHS: dict[str, str] = {
 #: (path, case) -> the error or wrong result seen with torch 2.13.0, onnx 1.23.2, onnxscript 0.7.2,
 #: onnxruntime 1.32.0 (tests/deployment/test_deployment.py marks each xfail(strict=True): a fix
 #: makes it fail until removed)
-LEGACY_ONNX_ARGS = (
-    "torch 2.13's legacy ONNX exporter (torch.onnx.export(dynamo=False)) passes the default of each keyword-only "
-    "parameter of the exported module's forward as one more positional argument (its _decide_input_format), so "
-    "forward raises TypeError: a torch defect that any module with keyword-only parameters meets "
-    "(test_legacy_onnx_passes_keyword_only_defaults_positionally); inside a model the module exports "
-    "(path onnx_legacy_inside)"
-)
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    ("onnx_legacy", "RotaryEmbedding"): LEGACY_ONNX_ARGS,
-    ("onnx_legacy", "PositionalEncoding"): LEGACY_ONNX_ARGS,
-    ("onnx_legacy", "Timesteps"): LEGACY_ONNX_ARGS,
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 # --- the support table ----------------------------------------------------------------------------------------------
 
@@ -302,3 +291,55 @@ def support_table(outcomes: dict[tuple[str, str], dict[str, str]]) -> str:
     lines.append("")
     lines += [f"({i}) {text}" for i, text in enumerate(notes, 1)]
     return "\n".join(lines) + "\n"
+
+
+#: what the vmap column runs (tests/deployment/test_deployment.py, ``VMAP``)
+VMAP_PATH = "torch.func.vmap over a batch, each sample with its own positions where the name takes them"
+
+
+def support_summary(outcomes: dict[tuple[str, str], dict[str, str]]) -> str:
+    """The same outcomes as :func:`support_table`, one row per public name with the paths grouped by what they
+    gave (a table narrow enough for a page: the grid has fifteen columns), the same footnotes, then what each path
+    runs. Markdown: the table, a blank line, the footnotes, a blank line, the paths' table."""
+    grid = support_table(outcomes)
+    notes = grid.split("\n\n", 1)[1]
+    numbered = [line.split(") ", 1)[1] for line in notes.splitlines() if line]
+    named = [case.name for case in CASES]
+    lines = ["| | gives eager's result | refused or fails |", "|---|---|---|"]
+    for case in named + sorted({case for _, case in outcomes} - set(named)):
+        works, other = [], {}
+        for path, heading in COLUMNS.items():
+            entry = outcomes.get((path, case))
+            if entry is None:
+                continue
+            if entry["outcome"] == "works":
+                works.append(heading)
+                continue
+            text = KNOWN_FAILURES.get((path, case), entry["message"])
+            other.setdefault(
+                f"{entry['outcome']} ({numbered.index(text) + 1})", []
+            ).append(heading)
+        missing = [h for p, h in COLUMNS.items() if (p, case) not in outcomes]
+        if other:
+            gives = ", ".join(works) or "–"
+        elif len(works) == 1:
+            gives = f"{works[0]}, the one path run"
+        else:
+            gives = f"all {len(works)} paths" + (
+                f" (not run: {', '.join(missing)})" if missing else ""
+            )
+        refused = "; ".join(f"{k}: {', '.join(v)}" for k, v in other.items()) or "–"
+        lines.append(f"| `{case}` | {gives} | {refused} |")
+    paths = [
+        "| path | what the test does, then compares with eager mode |",
+        "|---|---|",
+    ]
+    paths += [f"| {COLUMNS[p]} | {PATHS.get(p, VMAP_PATH)} |" for p in COLUMNS]
+    return (
+        "\n".join(lines)
+        + "\n\n"
+        + notes.rstrip("\n")
+        + "\n\n"
+        + "\n".join(paths)
+        + "\n"
+    )
