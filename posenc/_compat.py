@@ -36,7 +36,7 @@ _CLASSIC_ANGLE_ULPS = 32
 
 #: The settings of PositionalEncoding, read-only after construction: pickles
 #: written before they were read-only hold them as plain attributes.
-_SETTINGS = ("d_model", "max_len", "base", "batch_first", "layout", "frequencies")
+_SETTINGS = ("d_model", "max_len", "base", "batch_first", "layout", "schedule")
 
 
 # 05_conventions.ipynb, cell 38: Compatibility with the classic modules
@@ -156,7 +156,7 @@ def _foreign_table(module: Any, table: object) -> str | None:
 
     if rows.device.type == "meta" or is_fake(rows):
         return None  # no values to compare, none to lose
-    own = (module.layout, module.frequencies)
+    own = (module.layout, module.schedule)
     excess = _excess(rows, d_model, module.base, *own)
     if excess is None:
         return None
@@ -168,7 +168,7 @@ def _foreign_table(module: Any, table: object) -> str | None:
         ) is None:  # fmt: skip
             hint = (
                 f"; it is the encoding with layout={layout!r}, "
-                f"frequencies={schedule!r}: build PositionalEncoding with those"
+                f"schedule={schedule!r}: build PositionalEncoding with those"
             )
     return (
         "the checkpoint's table is not this module's sinusoidal encoding (it "

@@ -216,7 +216,7 @@ def _sections(sections: Any, name: str) -> list[int]:
 class _Layout:
     """The tables of one layer type, as the family's rotary module lays them out:
     channel j holds the angle of slot ``gather[j]``, and slot s turns with the
-    position on axis ``axis[s]`` at the speed of pair ``pair[s]``."""
+    position on axis ``axis[s]`` at the frequency of pair ``pair[s]``."""
 
     params: dict[str, Any]  # posenc's reading of the rope_parameters
     pairs: int  # P: the frequencies of the family's module
@@ -239,7 +239,9 @@ def _read_layout(
     p·ω_i differs, so each channel of its tables fits one (axis, pair) of posenc's
     float64 angles within the float32 rounding of the family's own."""
     params = _layout_parameters(family, hf_module, layer_type)
-    pairs, omega, attention = _checked_speeds(family, hf_module, layer_type, params)
+    pairs, omega, attention = _checked_frequencies(
+        family, hf_module, layer_type, params
+    )
     axes = len(params.get("mrope_section") or ()) or _axes_taken(
         family, hf_module, layer_type
     )
@@ -283,10 +285,10 @@ def _layout_parameters(
 
 
 # 16_hugging_face.ipynb, cell 24: The layout of the tables
-def _checked_speeds(
+def _checked_frequencies(
     family: _Family, hf_module: nn.Module, layer_type: str | None, params: dict
 ) -> tuple[int, Tensor, float]:
-    """The family's pairs P, posenc's float64 speeds ``[P]`` for ``params`` and the
+    """The family's pairs P, posenc's float64 frequencies ``[P]`` for ``params`` and the
     attention factor, after checking that the module's ``inv_freq`` and
     ``attention_scaling`` are those, to float32 rounding."""
     name = family.rotary.__name__
@@ -294,12 +296,12 @@ def _checked_speeds(
     inv_freq = getattr(hf_module, f"{prefix}inv_freq", None)
     if not isinstance(inv_freq, Tensor) or inv_freq.dim() != 1:
         raise ValueError(
-            f"{name} has no {prefix}inv_freq buffer: posenc cannot read its speeds"
+            f"{name} has no {prefix}inv_freq buffer: posenc cannot read its frequencies"
         )
     pairs = inv_freq.numel()
     omega = _frequencies(2 * pairs, params, None)  # float64 [P]
     relative = (inv_freq.detach().cpu().double() - omega).abs() / omega
-    if not (relative.nan_to_num(0.0) <= _AGREE).all():  # (0 / 0: speed 0 on both)
+    if not (relative.nan_to_num(0.0) <= _AGREE).all():  # (0 / 0: frequency 0 on both)
         raise ValueError(
             f"{name}'s frequencies differ from those of its config as posenc reads "
             f"it ({params}) by up to {relative.max().item():.2g} relative, beyond "
@@ -387,7 +389,7 @@ def _channel_slots(
             )
         if not (theta[:, found] == theta[:, found[:1]]).all():
             raise ValueError(f"channel {j} of {name}'s tables fits several angles")
-        # equal angles (pairs of speed 0): the pair a usual layout puts there
+        # equal angles (pairs of frequency 0): the pair a usual layout puts there
         usual = [
             c
             for i in (j % (width // 2 or 1), j // 2, j)

@@ -61,8 +61,8 @@ def _hf_rotary(family: _Family) -> tuple[nn.Module, list[str | None]]:
 
 # 16_hugging_face.ipynb, cell 31: What is read once, and what is kept
 def _slot_rows(layout: _Layout, omega: Tensor) -> Tensor:
-    """``[*, axes, S]``: row a holds the speed of each slot on axis a, 0 elsewhere,
-    for speeds ``omega [*, P]`` (on the CPU)."""
+    """``[*, axes, S]``: row a holds the frequency of each slot on axis a, 0 elsewhere,
+    for frequencies ``omega [*, P]`` (on the CPU)."""
     slots = torch.arange(layout.axis.numel())
     rows = omega.new_zeros(*omega.shape[:-1], layout.axes, slots.numel())
     rows[..., layout.axis, slots] = omega[..., layout.pair]
@@ -70,13 +70,13 @@ def _slot_rows(layout: _Layout, omega: Tensor) -> Tensor:
 
 
 # 16_hugging_face.ipynb, cell 32: What is read once, and what is kept
-def _speed_tables(
+def _frequency_tables(
     layouts: dict[str | None, _Layout],
 ) -> tuple[dict[str | None, Tensor], ...]:
-    """Per layer type, on the CPU: the float64 speeds of each slot per axis,
+    """Per layer type, on the CPU: the float64 frequencies of each slot per axis,
     ``[axes, S]``; longrope: also the long ones; dynamic NTK: the sequence length
     kept, a 0-d int64 tensor, and the 0/1 matrix ``[P, axes * S]`` that places the
-    P speeds in the slots."""
+    P frequencies in the slots."""
     rows, long, kept, place = {}, {}, {}, {}
     for t, layout in layouts.items():
         rope_type, dim = layout.params["rope_type"], 2 * layout.pairs
@@ -92,15 +92,15 @@ def _speed_tables(
 
 # 16_hugging_face.ipynb, cell 33: What is read once, and what is kept
 class _HFState(nn.Module):
-    """What an ``HFRotaryEmbedding`` keeps between calls: the float64 speeds of
-    every layer type (``_rows``, longrope's ``_long``, dynamic NTK's ``_place``)
+    """What an ``HFRotaryEmbedding`` keeps between calls: the float64 frequencies of
+    every layer type (``_omega``, longrope's ``_omega_long``, dynamic NTK's ``_place``)
     and dynamic NTK's sequence length (``_kept``), on one device, copied from the
     CPU originals in ``_home``, never cast."""
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Any:
-        # model.to(device) / .cuda(): the speeds follow the device, never a dtype
+        # model.to(device) / .cuda(): the frequencies follow the device, never a dtype
         result = super()._apply(fn, recurse)
-        probe = next(iter(self._rows.values()))
+        probe = next(iter(self._omega.values()))
         with contextlib.suppress(Exception):  # a function that moves no tensor
             self._move(fn(torch.empty(0, dtype=torch.long, device=probe.device)).device)
         return result
@@ -112,7 +112,7 @@ class _HFState(nn.Module):
         def copy(value: Tensor) -> Tensor:
             return torch.empty_like(value, device=device).copy_(value)
 
-        for name in ("_rows", "_long", "_place"):
+        for name in ("_omega", "_omega_long", "_place"):
             setattr(self, name, {k: copy(v) for k, v in self._home[name].items()})
         home = self._home["_kept"]
         self._kept = {
@@ -122,15 +122,15 @@ class _HFState(nn.Module):
         for t, layout in self._layouts.items():  # the channel map of an "other" order
             layout.gather = copy(self._home["gather"][t])
 
-    def _rows_on(self, layer_type: str | None, device: torch.device) -> Tensor:
-        """The speeds ``[axes, S]`` of ``layer_type`` on ``device``, where the module
+    def _omega_on(self, layer_type: str | None, device: torch.device) -> Tensor:
+        """The frequencies ``[axes, S]`` of ``layer_type`` on ``device``, where the module
         moves (a compiled call copies them instead)."""
-        rows = self._rows[layer_type]
+        rows = self._omega[layer_type]
         if rows.device != device:
             if torch.compiler.is_compiling():
                 return rows.to(device)
             self._move(device)
-            rows = self._rows[layer_type]
+            rows = self._omega[layer_type]
         return rows
 
     def _grow(self, layer_type: str | None, ids: Tensor, original: int) -> Tensor:
@@ -157,14 +157,16 @@ class _HFState(nn.Module):
         self._lock = threading.Lock()
 
 
-# 16_hugging_face.ipynb, cell 35: The speeds of a call
+# 16_hugging_face.ipynb, cell 35: The frequencies of a call
 class _HFTables(_HFState):
     """An ``HFRotaryEmbedding``'s reading of the family's own rotary module, once,
-    and the speeds of each call."""
+    and the frequencies of each call."""
 
     def __init__(self, config: Any, device: torch.device | str | None = None) -> None:
         super().__init__()
-        with torch.device("cpu"):  # the speeds are computed on the CPU, whatever the
+        with torch.device(
+            "cpu"
+        ):  # the frequencies are computed on the CPU, whatever the
             self._read(_family(config))  # default device (meta included)
         if device is not None:
             self._move(torch.device(device))
@@ -191,12 +193,14 @@ class _HFTables(_HFState):
             self.rope_type = self.rope_type[None]
             self.attention_scaling = self.attention_scaling[None]
         self.mrope_section = self._layouts[layer_types[0]].params.get("mrope_section")
-        self._rows, self._long, self._kept, self._place = _speed_tables(self._layouts)
+        self._omega, self._omega_long, self._kept, self._place = _frequency_tables(
+            self._layouts
+        )
         self._lock = threading.Lock()
         # the CPU originals every device's copy is made from (a meta or fake copy has
         # no data to copy from)
         self._home = {
-            "_rows": dict(self._rows), "_long": dict(self._long),
+            "_omega": dict(self._omega), "_omega_long": dict(self._omega_long),
             "_place": dict(self._place), "_kept": dict(self._kept),
             "gather": {t: v.gather for t, v in self._layouts.items()},
         }  # fmt: skip
@@ -211,16 +215,18 @@ class _HFTables(_HFState):
             raise _no_layer_type(self.family, layer_type, self.layer_types, "one of")
         return layout
 
-    def _speeds(self, layout: _Layout, layer_type: str | None, ids: Tensor) -> Tensor:
-        """float64 ``[axes, S]`` speeds for this call, on the positions' device."""
-        rows = self._rows_on(layer_type, ids.device)
+    def _call_frequencies(
+        self, layout: _Layout, layer_type: str | None, ids: Tensor
+    ) -> Tensor:
+        """float64 ``[axes, S]`` frequencies for this call, on the positions' device."""
+        rows = self._omega_on(layer_type, ids.device)
         rope_type = layout.params["rope_type"]
         _check_exportable(rope_type, ids)
         if ids.numel() == 0:  # no position: no table, and no length to keep
             return rows
         if rope_type == "longrope":  # the long factors past the original length
             original = layout.params["original_max_position_embeddings"]
-            long = self._long[layer_type].to(ids.device)
+            long = self._omega_long[layer_type].to(ids.device)
             return torch.where(ids.max() + 1 > original, long, rows)
         if rope_type != "dynamic":
             return rows
@@ -230,7 +236,7 @@ class _HFTables(_HFState):
         return (omega @ self._place[layer_type].flatten(1)).view_as(rows)
 
 
-# 16_hugging_face.ipynb, cell 36: The speeds of a call
+# 16_hugging_face.ipynb, cell 36: The frequencies of a call
 def _check_exportable(rope_type: str, ids: Tensor) -> None:
     """Refuse dynamic NTK where its state would be lost: an exported program or a
     trace forgets it, and torch.func.vmap's per-sample calls cannot update one
@@ -255,12 +261,12 @@ def _check_exportable(rope_type: str, ids: Tensor) -> None:
         )
 
 
-# 16_hugging_face.ipynb, cell 37: The speeds of a call
+# 16_hugging_face.ipynb, cell 37: The frequencies of a call
 def _is_key(layer_type: object) -> bool:
     return layer_type is None or type(layer_type) is str
 
 
-# 16_hugging_face.ipynb, cell 38: The speeds of a call
+# 16_hugging_face.ipynb, cell 38: The frequencies of a call
 def _no_layer_type(
     family: str, layer_type: object, layer_types: list, one_of: str
 ) -> ValueError:
@@ -283,7 +289,7 @@ class HFRotaryEmbedding(_HFTables):
     model then runs with posenc's tables, laid out exactly as its own rotary
     module lays them out, so its attention code consumes them unchanged. Built
     from the model's config (or its text model's), it reads the family's code in
-    the installed transformers: the rotary module's speeds (checked against
+    the installed transformers: the rotary module's frequencies (checked against
     posenc's reading of the config to float32 rounding, else a ValueError) and,
     from one call of that module, the channel order of its tables (halves,
     interleaved, half-width, complex), the M-RoPE axis of every pair (Qwen2-VL's
@@ -293,7 +299,7 @@ class HFRotaryEmbedding(_HFTables):
     attention factor rounded once to the output dtype.
 
     Nothing is saved in checkpoints (no parameters, no buffers: ``state_dict()``
-    is empty) and ``model.to(device)`` moves the float64 speeds without changing
+    is empty) and ``model.to(device)`` moves the float64 frequencies without changing
     their dtype. Positions are any integers, as transformers takes them (a
     negative one turns backwards): no value is read to check them, and on a GPU
     ``forward`` reads nothing back to the host. ``longrope`` picks its long
@@ -308,7 +314,7 @@ class HFRotaryEmbedding(_HFTables):
     Args:
         config: the model's config (``model.config``) or its text config, of a
             family whose model holds a ``rotary_emb`` module.
-        device: where to keep the float64 speeds; default: the CPU (moved with
+        device: where to keep the float64 frequencies; default: the CPU (moved with
             the model, or on the first call on another device).
     """
 
@@ -334,7 +340,7 @@ class HFRotaryEmbedding(_HFTables):
         """
         layout = self._layout(layer_type)
         position_ids = _check_call(x, position_ids, layout)
-        rows = self._speeds(layout, layer_type, position_ids)  # [axes, S]
+        rows = self._call_frequencies(layout, layer_type, position_ids)  # [axes, S]
         # θ = p·ω in float64 (integer times float64: exact products); M-RoPE: slot s
         # turns with its axis' position, Σ_a p_a·rows[a, s], a single term
         if layout.axes == 1:
@@ -597,7 +603,7 @@ def _qk_layout(
         )
     head_dim = _head_dim(family.config, layer_type)
     # the rotated channels: from partial_rotary_factor, the whole head
-    # (proportional), or the family's speeds
+    # (proportional), or the family's frequencies
     free = params["rope_type"] == "proportional" or "partial_rotary_factor" in params
     rotary_dim = None if free else 2 * layout.pairs
     rotated = head_dim if params["rope_type"] == "proportional" else 2 * layout.pairs

@@ -347,7 +347,7 @@ def _check_longrope(params: dict[str, Any]) -> None:
 def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     """The number of rotated channels: ``rotary_dim``, or ``int(head_dim *
     partial_rotary_factor)`` as transformers computes it, or ``head_dim`` (and
-    always ``head_dim`` for ``proportional``, whose unrotated pairs turn at speed
+    always ``head_dim`` for ``proportional``, whose unrotated pairs turn at frequency
     0). Checks that longrope's factors hold one number per pair."""
     width = _width(head_dim, params, rotary_dim)
     if params["rope_type"] == "longrope":
@@ -368,7 +368,7 @@ def _width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
         if rotary_dim not in (None, head_dim):
             raise ValueError(
                 f"rope_type 'proportional' turns pairs across the whole head "
-                f"(head_dim={head_dim}, with speed 0 past partial_rotary_factor), "
+                f"(head_dim={head_dim}, with frequency 0 past partial_rotary_factor), "
                 f"got rotary_dim={rotary_dim}; pass rotary_dim=None"
             )
         return _check_rotary_dim(None, head_dim)
@@ -407,7 +407,7 @@ def _check_rotary_dim(rotary_dim: object, head_dim: int) -> int:
     return rotary_dim
 
 
-# 14_rope_scaling.ipynb, cell 34: The speeds of each type
+# 14_rope_scaling.ipynb, cell 34: The frequencies of each type
 def _frequencies(
     dim: int, params: dict[str, Any], seq_len: int | Tensor | None
 ) -> Tensor:
@@ -457,7 +457,7 @@ def _frequencies(
     return omega
 
 
-# 14_rope_scaling.ipynb, cell 35: The speeds of each type
+# 14_rope_scaling.ipynb, cell 35: The frequencies of each type
 def _ntk_base(params: dict[str, Any], dim: int, n: Any) -> Any:
     """Dynamic NTK's base for a sequence of n >= L tokens (an int, or a float64
     tensor): base·(s·n/L − (s − 1))^(d/(d − 2))."""
@@ -465,7 +465,7 @@ def _ntk_base(params: dict[str, Any], dim: int, n: Any) -> Any:
     return params["rope_theta"] * ((s * n / length) - (s - 1)) ** (dim / (dim - 2))
 
 
-# 14_rope_scaling.ipynb, cell 36: The speeds of each type
+# 14_rope_scaling.ipynb, cell 36: The frequencies of each type
 def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tensor:
     """YaRN: pairs that turn more than beta_fast times over the original context
     keep ω_i, those that turn fewer than beta_slow times take ω_i / s, a linear
@@ -486,7 +486,7 @@ def _yarn(omega: Tensor, dim: int, base: float, params: dict[str, Any]) -> Tenso
     return omega / s * ramp + omega * (1 - ramp)
 
 
-# 14_rope_scaling.ipynb, cell 37: The speeds of each type
+# 14_rope_scaling.ipynb, cell 37: The frequencies of each type
 def _llama3(omega: Tensor, params: dict[str, Any]) -> Tensor:
     """Llama 3.1: wavelengths above L / low_freq_factor slowed by s, below
     L / high_freq_factor kept, blended in between (L = the original context)."""
@@ -500,7 +500,7 @@ def _llama3(omega: Tensor, params: dict[str, Any]) -> Tensor:
     return torch.where(medium, blended, slowed)
 
 
-# 14_rope_scaling.ipynb, cell 38: The speeds of each type
+# 14_rope_scaling.ipynb, cell 38: The frequencies of each type
 def _attention_factor(params: dict[str, Any]) -> float:
     """The factor transformers multiplies cos and sin by (YaRN, LongRoPE), as a
     Python float computed by the same expression: 1.0 for the other types."""

@@ -32,7 +32,7 @@ def check_settings(
     base: object,
     batch_first: object,
     layout: object,
-    frequencies: object,
+    schedule: object,
 ) -> dict[str, object]:
     """``PositionalEncoding``'s settings, checked, by name."""
     if not isinstance(batch_first, bool):
@@ -43,7 +43,7 @@ def check_settings(
         "base": check_base(base),
         "batch_first": batch_first,
         "layout": check_choice("layout", layout, LAYOUTS),
-        "frequencies": check_choice("frequencies", frequencies, SCHEDULES),
+        "schedule": check_choice("schedule", schedule, SCHEDULES),
     }
 
 

@@ -29,7 +29,7 @@ from posenc._checks import (
     values_checkable,
 )
 
-LAYOUTS = ("interleaved", "concat")
+LAYOUTS = ("interleaved", "half")
 SCHEDULES = ("paper", "tensor2tensor")
 
 
@@ -38,7 +38,7 @@ def check_table_args(
     d_model: object,
     base: object,
     layout: object,
-    frequencies: object,
+    schedule: object,
     dtype: object,
 ) -> tuple[int, float]:
     """The checks shared by everything that builds a table.
@@ -50,7 +50,7 @@ def check_table_args(
         check_base(base),
     )
     check_choice("layout", layout, LAYOUTS)
-    check_choice("frequencies", frequencies, SCHEDULES)
+    check_choice("schedule", schedule, SCHEDULES)
     check_dtype(dtype)
     return d_model, base
 
@@ -145,7 +145,7 @@ def sinusoidal_encoding(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
     layout: str = "interleaved",
-    frequencies: str = "paper",
+    schedule: str = "paper",
 ) -> Tensor:
     """The sinusoidal positional encoding of ``positions``.
 
@@ -171,9 +171,9 @@ def sinusoidal_encoding(
         device: device of the result; default: the device of ``positions``
             (CPU for an int).
         layout: ``"interleaved"`` (sin, cos, sin, cos, ... as in the paper)
-            or ``"concat"`` (all sines, then all cosines, as in tensor2tensor
+            or ``"half"`` (all sines, then all cosines, as in tensor2tensor
             and fairseq).
-        frequencies: the frequency schedule, ``"paper"`` or
+        schedule: the frequency schedule, ``"paper"`` or
             ``"tensor2tensor"`` (see :func:`posenc.frequencies`).
 
     Returns:
@@ -185,9 +185,9 @@ def sinusoidal_encoding(
             another argument has the wrong type.
         ValueError: a negative position, or another argument out of range.
     """
-    d_model, base = check_table_args(d_model, base, layout, frequencies, dtype)
+    d_model, base = check_table_args(d_model, base, layout, schedule, dtype)
     p = _float64_positions(positions, d_model, device)
-    return _encoding_rows(p, d_model, base, layout, frequencies, dtype)
+    return _encoding_rows(p, d_model, base, layout, schedule, dtype)
 
 
 # 01_derivation.ipynb, cell 77: The public function

@@ -38,7 +38,7 @@ def _setting(name: str, doc: str) -> property:
 class PositionalEncoding(ClassicCompat, nn.Module):
     """Add the sinusoidal positional encoding to a batch of embeddings, then dropout.
 
-    With the default ``layout`` and ``frequencies``, PE[p, 2i] = sin(p·ω_i) and
+    With the default ``layout`` and ``schedule``, PE[p, 2i] = sin(p·ω_i) and
     PE[p, 2i+1] = cos(p·ω_i) with ω_i = base^(-2i/d_model), where p is a token's
     index along the sequence axis (plus ``offset``) or its entry in ``positions``.
 
@@ -61,7 +61,7 @@ class PositionalEncoding(ClassicCompat, nn.Module):
     lost.
 
     The settings (``d_model``, ``max_len``, ``base``, ``batch_first``, ``layout``,
-    ``frequencies``) are read-only after construction: the cached tables follow
+    ``schedule``) are read-only after construction: the cached tables follow
     them. The dropout probability, ``module.dropout.p``, may change.
 
     Args:
@@ -77,9 +77,9 @@ class PositionalEncoding(ClassicCompat, nn.Module):
         batch_first: if ``True``, ``x`` is ``[batch, seq_len, d_model]``; by default
             it is ``[seq_len, batch, d_model]`` (as in the classic modules and
             ``nn.Transformer``).
-        layout: channel layout, ``"interleaved"`` or ``"concat"`` (see
+        layout: channel layout, ``"interleaved"`` or ``"half"`` (see
             :func:`posenc.sinusoidal_encoding`).
-        frequencies: frequency schedule, ``"paper"`` or ``"tensor2tensor"``.
+        schedule: frequency schedule, ``"paper"`` or ``"tensor2tensor"``.
 
     Shape:
         - x: ``[seq_len, batch, d_model]``, or ``[batch, seq_len, d_model]`` with
@@ -92,7 +92,7 @@ class PositionalEncoding(ClassicCompat, nn.Module):
     base = _setting("base", "Base of the frequency progression (read-only).")
     batch_first = _setting("batch_first", "Whether x is [batch, seq_len, d_model].")
     layout = _setting("layout", "Channel layout (read-only).")
-    frequencies = _setting("frequencies", "Frequency schedule (read-only).")
+    schedule = _setting("schedule", "Frequency schedule (read-only).")
 
     def __init__(
         self,
@@ -104,11 +104,11 @@ class PositionalEncoding(ClassicCompat, nn.Module):
         base: float = 10000.0,
         batch_first: bool = False,
         layout: str = "interleaved",
-        frequencies: str = "paper",
+        schedule: str = "paper",
     ) -> None:
         super().__init__()
         self._settings = check_settings(
-            d_model, max_len, base, batch_first, layout, frequencies
+            d_model, max_len, base, batch_first, layout, schedule
         )
         self.dropout = nn.Dropout(dropout_probability(dropout_prob, dropout))
         # (device, dtype) -> table [max_len, 1, d_model] (sequence-first) or
@@ -175,13 +175,13 @@ class PositionalEncoding(ClassicCompat, nn.Module):
         """
         return sinusoidal_encoding(
             positions, self.d_model, base=self._base(), dtype=dtype, device=device,
-            layout=self.layout, frequencies=self.frequencies,
+            layout=self.layout, schedule=self.schedule,
         )  # fmt: skip
 
     def _rows(self, p: Tensor, dtype: torch.dtype, chunked: bool = True) -> Tensor:
         """The encoding of float64 positions ``p``: ``[*p.shape, d_model]``, built
         in chunks of positions unless ``chunked`` is False."""
-        settings = (self.d_model, self._base(), self.layout, self.frequencies)
+        settings = (self.d_model, self._base(), self.layout, self.schedule)
         return _encoding_rows(p, *settings, dtype, chunked)
 
     def _rows_at(self, positions: Tensor, x: Tensor) -> Tensor:
@@ -209,7 +209,7 @@ class PositionalEncoding(ClassicCompat, nn.Module):
         return (
             f"d_model={self.d_model}, max_len={self.max_len}, base={self.base}, "
             f"batch_first={self.batch_first}, layout={self.layout!r}, "
-            f"frequencies={self.frequencies!r}"
+            f"schedule={self.schedule!r}"
         )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def offset_matrix(
     dtype: torch.dtype = torch.float64,
     device: torch.device | str | None = None,
     layout: str = "interleaved",
-    frequencies: str = "paper",
+    schedule: str = "paper",
 ) -> Tensor:
     """The matrix M_k that moves the encoding by an offset k:
     PE[p + k] = M_k·PE[p] for every p, with encodings as column vectors.
@@ -91,7 +91,7 @@ def offset_matrix(
     θ = k·ω_i, the block [[cos θ, sin θ], [-sin θ, cos θ]] acts on
     (sin p·ω_i, cos p·ω_i), placed at the channels of the chosen ``layout``.
     It is orthogonal, M_(-k) = M_k^T = M_k^(-1) and M_a·M_b = M_(a+b).
-    With the same ``d_model``, ``base``, ``layout`` and ``frequencies``,
+    With the same ``d_model``, ``base``, ``layout`` and ``schedule``,
     ``sinusoidal_encoding(p + k, d_model) ==
     offset_matrix(k, d_model) @ sinusoidal_encoding(p, d_model)``
     (for a table of rows use ``table @ M.T``), to float64 angle rounding: about
@@ -99,11 +99,11 @@ def offset_matrix(
 
     For odd ``d_model`` the unpaired channel, which has no partner to rotate
     with, gets a 1 on the diagonal, so M_k stays orthogonal and a group. With
-    ``frequencies="paper"`` that channel is sin(p·ω_u),
+    ``schedule="paper"`` that channel is sin(p·ω_u),
     ω_u = base^(-(d-1)/d), and the identity holds on the paired channels only;
     on the unpaired one the error is
     ``|sin((p+k)·ω_u) - sin(p·ω_u)| ≤ |k|·ω_u``. With
-    ``frequencies="tensor2tensor"`` the unpaired channel is identically zero and
+    ``schedule="tensor2tensor"`` the unpaired channel is identically zero and
     the identity holds on every channel.
 
     Args:
@@ -115,16 +115,16 @@ def offset_matrix(
             and cosines are computed in float64 and rounded once.
         device: device of the result; default: the device of ``offset`` (CPU
             for an int).
-        layout: ``"interleaved"`` or ``"concat"``, as in
+        layout: ``"interleaved"`` or ``"half"``, as in
             :func:`posenc.sinusoidal_encoding`.
-        frequencies: ``"paper"`` or ``"tensor2tensor"``, as in
+        schedule: ``"paper"`` or ``"tensor2tensor"``, as in
             :func:`posenc.sinusoidal_encoding`.
 
     Returns:
         Tensor of shape ``[d_model, d_model]`` for an int offset,
         ``[*offset.shape, d_model, d_model]`` for a tensor.
     """
-    d_model, base = check_table_args(d_model, base, layout, frequencies, dtype)
+    d_model, base = check_table_args(d_model, base, layout, schedule, dtype)
     if isinstance(offset, Tensor):
         check_integer_tensor(
             "offset",
@@ -138,4 +138,4 @@ def offset_matrix(
         k = torch.tensor(
             check_int("offset", offset, fix), dtype=torch.float64, device=device
         )
-    return _round_once(_offset_matrix64(k, d_model, base, layout, frequencies), dtype)
+    return _round_once(_offset_matrix64(k, d_model, base, layout, schedule), dtype)

@@ -246,8 +246,8 @@ def test_nothing_in_checkpoints_and_model_to_keeps_float64():
         ours,
         lambda: (set(model.state_dict()) == keys) or pytest.fail("keys changed"),
     )
-    ours.to(torch.bfloat16)  # the model's dtype: the speeds stay float64
-    assert all(rows.dtype == torch.float64 for rows in ours._rows.values())
+    ours.to(torch.bfloat16)  # the model's dtype: the frequencies stay float64
+    assert all(rows.dtype == torch.float64 for rows in ours._omega.values())
     cos, _ = ours(torch.zeros(1, dtype=torch.bfloat16), torch.arange(5)[None])
     assert cos.dtype == torch.bfloat16
     # a deep copy (of a model) and a pickle work, and compute the same tables
@@ -286,12 +286,12 @@ def test_no_host_syncs_on_an_accelerator(name):
     # value back to the host is reported
     index = family_index(name)
     config = F.tiny_model(index).config
-    # a fresh module: its speeds move to the fake device
+    # a fresh module: its frequencies move to the fake device
     ours = HFRotaryEmbedding(config)
     layer_type = ours.layer_types[-1]
     axes = 3 if name == "qwen2_vl" else 1
     shape = (axes, 2, 24) if axes > 1 else (2, 24)
-    # (the first call moves the speeds, the second runs as every later call)
+    # (the first call moves the frequencies, the second runs as every later call)
     syncs = host_syncs(
         lambda x, p: (ours(x, p, layer_type), ours(x, p, layer_type)),
         lambda: torch.zeros(1, device=DEVICE),
@@ -342,7 +342,7 @@ def test_dynamic_follows_transformers_over_a_sequence_of_calls():
     ours = HFRotaryEmbedding(model.config)
     plain = copy.deepcopy(model.config)
     plain.rope_parameters = {"rope_type": "default", "rope_theta": 1e4}
-    plain = HFRotaryEmbedding(plain)  # a control: the same speeds, never adapted
+    plain = HFRotaryEmbedding(plain)  # a control: the same frequencies, never adapted
     for length in (10, 40, 30, 60, 12, 16, 17, 8):
         ids = torch.arange(length)[None]
         cos, sin = theirs(torch.zeros(1), ids)

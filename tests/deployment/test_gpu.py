@@ -43,13 +43,13 @@ def assert_encoding_bound(
         assert torch.equal(actual, on_cpu)
 
 
-WIDTHS = [(512, "interleaved", "paper"), (63, "concat", "tensor2tensor")]
+WIDTHS = [(512, "interleaved", "paper"), (63, "half", "tensor2tensor")]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("d_model", "layout", "schedule"), WIDTHS)
 def test_sinusoidal_encoding_cuda_matches_cpu(dtype, d_model, layout, schedule):
-    kwargs = {"layout": layout, "frequencies": schedule}
+    kwargs = {"layout": layout, "schedule": schedule}
     exact64 = sinusoidal_encoding(
         POSITIONS, d_model, dtype=torch.float64, **kwargs
     )  # CPU reference

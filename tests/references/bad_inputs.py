@@ -167,10 +167,10 @@ CASES: list[BadInput] = [
         "'sincos'",
     ),
     BadInput(
-        "frequencies='t2t'",
-        lambda: _pe(frequencies="t2t"),
+        "schedule='t2t'",
+        lambda: _pe(schedule="t2t"),
         ValueError,
-        "frequencies",
+        "schedule",
         "'t2t'",
     ),
     # --- x, the embeddings
@@ -367,11 +367,11 @@ CASES: list[BadInput] = [
         "differs by",
     ),
     BadInput(
-        "checkpoint table in the concat layout",
-        lambda: _load({"pe": sinusoidal_encoding(64, 16, layout="concat")}),
+        "checkpoint table in the half layout",
+        lambda: _load({"pe": sinusoidal_encoding(64, 16, layout="half")}),
         RuntimeError,
-        "pe: .*layout='concat'",
-        "concat",
+        "pe: .*layout='half'",
+        "half",
     ),
     BadInput(
         "checkpoint 'pe' a 0-d tensor",

@@ -898,7 +898,11 @@ def test_linear_divides_every_frequency(factor):
 def test_dynamic_ntk_raises_the_base_with_the_sequence():
     d, length, s = 64, 4096, 2.0
     dynamic = {"rope_type": "dynamic", "factor": s, "max_position_embeddings": length}
-    for seq_len in (None, 1, length):  # up to the original length: the trained speeds
+    for seq_len in (
+        None,
+        1,
+        length,
+    ):  # up to the original length: the trained frequencies
         assert torch.equal(rotary_frequencies(d, scaling=dynamic, seq_len=seq_len)[0],
                            frequencies(d))  # fmt: skip
     for n in (length + 1, 2 * length, 10**6):
@@ -1027,7 +1031,9 @@ def test_dynamic_ntk_state_follows_transformers_rules():
     got = rope.rotate(x, offset=799)  # a sequence of 800 tokens
     assert rope._seq_len == 800
     assert torch.equal(got, apply_rotary(x, 799, scaling=dynamic))
-    got = rope.rotate(x, offset=3)  # 4 tokens after 800: back to the original speeds
+    got = rope.rotate(
+        x, offset=3
+    )  # 4 tokens after 800: back to the original frequencies
     assert rope._seq_len is None and torch.equal(
         got, apply_rotary(x, 3, scaling=dynamic)
     )

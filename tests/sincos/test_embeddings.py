@@ -231,9 +231,9 @@ def test_grid_conventions_are_one_reference(shape):
     d, q = 64, 16
     idx = _tokens(shape)
     rows, cols = idx[:, 0], idx[:, 1]
-    concat = {"layout": "concat", "dtype": F64}
-    by_col = sinusoidal_encoding(cols, d // 2, **concat)
-    by_row = sinusoidal_encoding(rows, d // 2, **concat)
+    half = {"layout": "half", "dtype": F64}
+    by_col = sinusoidal_encoding(cols, d // 2, **half)
+    by_row = sinusoidal_encoding(rows, d // 2, **half)
     mae = sincos_grid(shape, d, dtype=F64)
     assert torch.equal(mae, torch.cat([by_col, by_row], -1))  # [columns | rows]
     assert torch.equal(
@@ -244,7 +244,7 @@ def test_grid_conventions_are_one_reference(shape):
         sincos_grid(shape, d, convention="timm", dtype=F64),
         torch.cat([by_row[:, :q], by_col[:, :q], by_row[:, q:], by_col[:, q:]], -1),
     )
-    t2t = {"layout": "concat", "frequencies": "tensor2tensor", "dtype": F64}
+    t2t = {"layout": "half", "schedule": "tensor2tensor", "dtype": F64}
     assert torch.equal(
         sincos_grid(shape, d, convention="big_vision", dtype=F64),
         torch.cat(
@@ -260,22 +260,21 @@ def test_grid_conventions_are_one_reference(shape):
 def test_grid_in_one_and_three_axes():
     assert torch.equal(
         sincos_grid((50,), 64, dtype=F64),
-        sinusoidal_encoding(50, 64, layout="concat", dtype=F64),
+        sinusoidal_encoding(50, 64, layout="half", dtype=F64),
     )
     shape, d = (3, 4, 5), 96
     idx = _tokens(shape)
     mae = sincos_grid(shape, d, dtype=F64)  # the last axis first, d/3 each
     blocks = [
-        sinusoidal_encoding(idx[:, a], 32, layout="concat", dtype=F64)
-        for a in (2, 1, 0)
+        sinusoidal_encoding(idx[:, a], 32, layout="half", dtype=F64) for a in (2, 1, 0)
     ]
     assert torch.equal(mae, torch.cat(blocks, -1))
     d = 64  # diffusers_3d: [frames (d/4) | columns (3d/8) | rows (3d/8)]
     cog = sincos_grid(shape, d, convention="diffusers_3d", dtype=F64)
     blocks = [
-        sinusoidal_encoding(idx[:, 0], 16, layout="concat", dtype=F64),
-        sinusoidal_encoding(idx[:, 2], 24, layout="concat", dtype=F64),
-        sinusoidal_encoding(idx[:, 1], 24, layout="concat", dtype=F64),
+        sinusoidal_encoding(idx[:, 0], 16, layout="half", dtype=F64),
+        sinusoidal_encoding(idx[:, 2], 24, layout="half", dtype=F64),
+        sinusoidal_encoding(idx[:, 1], 24, layout="half", dtype=F64),
     ]
     assert torch.equal(cog, torch.cat(blocks, -1))
 

@@ -157,12 +157,12 @@ def test_device_argument() -> None:
         (
             lambda: sinusoidal_encoding(4, 8, layout="sincos"),
             ValueError,
-            ["layout", "'sincos'", "'concat'"],
+            ["layout", "'sincos'", "'half'"],
         ),
         (
-            lambda: sinusoidal_encoding(4, 8, frequencies="t2t"),
+            lambda: sinusoidal_encoding(4, 8, schedule="t2t"),
             ValueError,
-            ["frequencies", "'t2t'", "'tensor2tensor'"],
+            ["schedule", "'t2t'", "'tensor2tensor'"],
         ),
         (lambda: frequencies(8, schedule="x"), ValueError, ["schedule", "'x'"]),
         (lambda: frequencies(0), ValueError, ["d_model", "0"]),

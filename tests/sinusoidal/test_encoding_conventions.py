@@ -1,11 +1,11 @@
 """Conventions in the wild (book/05_conventions.ipynb): the published sinusoidal tables, each restated here from its
-source in plain float64 code, are reproduced by posenc's ``layout=`` / ``frequencies=`` / ``base=`` keywords to
+source in plain float64 code, are reproduced by posenc's ``layout=`` / ``schedule=`` / ``base=`` keywords to
 float64 precision, odd widths included; the two layouts are a fixed channel permutation; the two schedules differ
 as derived. Restated (not copied) from:
 
-- fairseq ``SinusoidalPositionalEmbedding.get_embedding`` (also Hugging Face M2M100 / FSMT): concat, frequencies
+- fairseq ``SinusoidalPositionalEmbedding.get_embedding`` (also Hugging Face M2M100 / FSMT): half layout, frequencies
   exp(-i ln(10000) / (d//2 - 1)), a zero channel for odd d, row ``padding_idx`` zeroed;
-- tensor2tensor ``common_attention.get_timing_signal_1d``: concat, inv_timescales min * exp(-i ln(max/min) /
+- tensor2tensor ``common_attention.get_timing_signal_1d``: half layout, inv_timescales min * exp(-i ln(max/min) /
   max(d//2 - 1, 1)), zero padding for odd d, positions ``arange(length) + start_index``;
 - Hugging Face ``MarianSinusoidalPositionalEmbedding.create_weight`` (transformers 5.23.0; the same arithmetic was
   ``_init_weight`` in 4.57.6): angles pos / 10000^(2 (j//2) / d) in float64, ceil(d/2) sines then floor(d/2)
@@ -14,7 +14,7 @@ as derived. Restated (not copied) from:
   named: float32 by default);
 - spotpython's ``PositionalEncoding`` (the PyTorch tutorial's, ``tests/references/classic.py``): the paper's table,
   in torch's default dtype;
-- x-transformers ``ScaledSinusoidalEmbedding``: concat, inv_freq theta^(-i / (d//2)), times a learned scale;
+- x-transformers ``ScaledSinusoidalEmbedding``: half layout, inv_freq theta^(-i / (d//2)), times a learned scale;
 - positional-encodings 6.0.4 ``PositionalEncoding1D`` (``positional_encodings/torch_encodings.py``): channels =
   ceil(d/2) * 2, inv_freq = 1 / 10000^(arange(0, channels, 2) / channels), sin and cos interleaved, cut to d
   channels: for odd d the paper's table of width d + 1 without its last channel, a third odd-width convention that
@@ -183,7 +183,7 @@ def positional_encodings_1d_rows(pos: torch.Tensor, org_channels: int) -> torch.
     return emb[:, :org_channels]
 
 
-def posenc_concat(
+def posenc_half(
     positions: list[int] | torch.Tensor,
     d_model: int,
     schedule: str,
@@ -194,8 +194,8 @@ def posenc_concat(
         d_model,
         base=base,
         dtype=torch.float64,
-        layout="concat",
-        frequencies=schedule,
+        layout="half",
+        schedule=schedule,
     )
 
 
@@ -205,7 +205,7 @@ def posenc_concat(
 @SETTINGS
 @given(d_model=st.integers(4, 1024), rows=position_lists)
 def test_fairseq_get_embedding(d_model: int, rows: list[int]) -> None:
-    ours = posenc_concat(rows, d_model, "tensor2tensor")
+    ours = posenc_half(rows, d_model, "tensor2tensor")
     assert (
         fairseq_rows(torch.tensor(rows), d_model) - ours
     ).abs().max().item() <= peer_tolerance(max(rows), 1e4)
@@ -215,13 +215,13 @@ def test_fairseq_get_embedding(d_model: int, rows: list[int]) -> None:
 def test_fairseq_table_with_padding_and_its_position_numbering(d_model: int) -> None:
     padding_idx = 1
     table = fairseq_get_embedding(300, d_model, padding_idx)
-    ours = posenc_concat(torch.arange(300), d_model, "tensor2tensor")
+    ours = posenc_half(torch.arange(300), d_model, "tensor2tensor")
     assert torch.equal(table[padding_idx], torch.zeros(d_model, dtype=torch.float64))
     keep = torch.arange(300) != padding_idx
     assert (table[keep] - ours[keep]).abs().max().item() <= peer_tolerance(300, 1e4)
     # fairseq numbers real tokens from padding_idx + 1: the module with offset = padding_idx + 1 gives those rows
     module = PositionalEncoding(
-        d_model, layout="concat", frequencies="tensor2tensor", batch_first=True
+        d_model, layout="half", schedule="tensor2tensor", batch_first=True
     )
     x = torch.zeros(1, 50, d_model, dtype=torch.float64)
     rows = table[padding_idx + 1 : padding_idx + 51]
@@ -244,7 +244,7 @@ def test_tensor2tensor_get_timing_signal_1d(
         length, d_model, max_timescale=base, start_index=start
     )
     assert signal.shape == (1, length, d_model)
-    ours = posenc_concat(
+    ours = posenc_half(
         torch.arange(start, start + length), d_model, "tensor2tensor", base=base
     )
     assert np.abs(signal[0] - ours.numpy()).max() <= peer_tolerance(
@@ -257,7 +257,7 @@ def test_tensor2tensor_smallest_widths(d_model: int) -> None:
     # num_timescales - 1 <= 0 is guarded by max(., 1); channels = 1 is a single zero channel
     signal = t2t_get_timing_signal_1d(100, d_model)[0]
     assert np.abs(
-        signal - posenc_concat(torch.arange(100), d_model, "tensor2tensor").numpy()
+        signal - posenc_half(torch.arange(100), d_model, "tensor2tensor").numpy()
     ).max() <= peer_tolerance(100, 1e4)
 
 
@@ -265,13 +265,13 @@ def test_tensor2tensor_smallest_widths(d_model: int) -> None:
 @given(d_model=st.integers(1, 1024), rows=position_lists)
 def test_marian_sinusoidal_table(d_model: int, rows: list[int]) -> None:
     reference = marian_rows(np.array(rows), d_model)
-    ours = posenc_concat(rows, d_model, "paper")
+    ours = posenc_half(rows, d_model, "paper")
     # Marian divides by 10000^e instead of multiplying by 10000^-e: one more rounding, inside the same bound
     assert np.abs(reference - ours.numpy()).max() <= peer_tolerance(max(rows), 1e4)
     # Marian rounds its float64 values once to float32, as posenc does: the float32 tables agree to one float32
     # ulp (eps * |v| bounds the ulp of v) plus the float64 discrepancy, which matters only near zero
     marian32 = torch.from_numpy(reference).float().double()
-    ours32 = sinusoidal_encoding(torch.tensor(rows), d_model, layout="concat").double()
+    ours32 = sinusoidal_encoding(torch.tensor(rows), d_model, layout="half").double()
     tolerance = torch.finfo(torch.float32).eps * marian32.abs() + peer_tolerance(
         max(rows), 1e4
     )
@@ -284,7 +284,7 @@ def test_marian_vectorised_restatement_is_the_literal_one(d_model: int) -> None:
     literal = marian_create_weight_literal(60, d_model)
     assert np.array_equal(marian_rows(np.arange(60), d_model), literal)
     assert np.abs(
-        literal - posenc_concat(torch.arange(60), d_model, "paper").numpy()
+        literal - posenc_half(torch.arange(60), d_model, "paper").numpy()
     ).max() <= peer_tolerance(60, 1e4)
 
 
@@ -293,7 +293,7 @@ def test_marian_vectorised_restatement_is_the_literal_one(d_model: int) -> None:
 def test_whisper_sinusoids(half: int, base: float, rows: list[int]) -> None:
     d_model = 2 * half
     reference = whisper_sinusoids_rows(torch.tensor(rows), d_model, max_timescale=base)
-    ours = posenc_concat(rows, d_model, "tensor2tensor", base=base)
+    ours = posenc_half(rows, d_model, "tensor2tensor", base=base)
     assert (reference - ours).abs().max().item() <= peer_tolerance(max(rows), base)
 
 
@@ -304,7 +304,7 @@ def test_x_transformers_scaled_sinusoidal(
 ) -> None:
     d_model = 2 * half
     reference = x_transformers_rows(torch.tensor(rows), d_model, theta=base)
-    ours = posenc_concat(rows, d_model, "paper", base=base)
+    ours = posenc_half(rows, d_model, "paper", base=base)
     # i / (d/2) and 2i / d are the same rational, each correctly rounded: the same float64 exponent, so only
     # pow's and the angle's roundings differ (if at all)
     assert (reference - ours).abs().max().item() <= peer_tolerance(max(rows), base)
@@ -333,9 +333,7 @@ def test_positional_encodings_odd_width_is_a_third_convention(
     p = torch.arange(2000)
     reference = positional_encodings_1d_rows(p, d_model)
     default = sinusoidal_encoding(p, d_model, dtype=torch.float64)
-    t2t = sinusoidal_encoding(
-        p, d_model, dtype=torch.float64, frequencies="tensor2tensor"
-    )
+    t2t = sinusoidal_encoding(p, d_model, dtype=torch.float64, schedule="tensor2tensor")
     gap = (reference - default).abs().amax(-1)
     assert int(torch.nonzero(gap > 0.1)[0]) == first_above_0_1  # the chapter's numbers
     assert (reference - t2t).abs().max().item() > 0.1
@@ -359,7 +357,7 @@ def test_spotpython_and_whisper_follow_the_default_dtype(
     assert whisper.dtype == spotpython.dtype == default
     p = torch.arange(3000)
     errors = [
-        (whisper.double() - posenc_concat(p, 64, "tensor2tensor")).abs().max().item(),
+        (whisper.double() - posenc_half(p, 64, "tensor2tensor")).abs().max().item(),
         (spotpython.double() - sinusoidal_encoding(p, 64, dtype=torch.float64))
         .abs()
         .max()
@@ -375,7 +373,7 @@ def test_spotpython_and_whisper_follow_the_default_dtype(
 
 
 def layout_permutation(d_model: int, schedule: str) -> torch.Tensor:
-    """perm with concat == interleaved[..., perm]: even channels (sines) then odd ones (cosines); with the
+    """perm with half == interleaved[..., perm]: even channels (sines) then odd ones (cosines); with the
     tensor2tensor schedule an odd width's zero channel stays last."""
     channels = torch.arange(d_model)
     if schedule == "tensor2tensor" and d_model % 2:
@@ -398,17 +396,17 @@ def test_layouts_are_a_fixed_permutation(
     d_model: int, base: float, positions: list[int], schedule: str, dtype: torch.dtype
 ) -> None:
     # exact: both layouts arrange the same computed sines and cosines
-    kwargs = {"base": base, "frequencies": schedule, "dtype": dtype}
+    kwargs = {"base": base, "schedule": schedule, "dtype": dtype}
     p = torch.tensor(positions)
     perm = layout_permutation(d_model, schedule)
     assert sorted(perm.tolist()) == list(range(d_model))
     interleaved = sinusoidal_encoding(p, d_model, layout="interleaved", **kwargs)
     assert torch.equal(
-        sinusoidal_encoding(p, d_model, layout="concat", **kwargs), interleaved[:, perm]
+        sinusoidal_encoding(p, d_model, layout="half", **kwargs), interleaved[:, perm]
     )
     m_interleaved = offset_matrix(positions[0], d_model, **kwargs)
-    m_concat = offset_matrix(positions[0], d_model, layout="concat", **kwargs)
-    assert torch.equal(m_concat, m_interleaved[perm][:, perm])
+    m_half = offset_matrix(positions[0], d_model, layout="half", **kwargs)
+    assert torch.equal(m_half, m_interleaved[perm][:, perm])
 
 
 # ----- the two schedules --------------------------------------------------------------------------------------------
@@ -442,7 +440,7 @@ def test_schedules_are_not_interchangeable() -> None:
     # the chapter's numbers: d_model = 512 tables differ by > 0.1 from p = 71 and by > 1 from p = 732
     p = torch.arange(2000)
     gap = (
-        (posenc_concat(p, 512, "paper") - posenc_concat(p, 512, "tensor2tensor"))
+        (posenc_half(p, 512, "paper") - posenc_half(p, 512, "tensor2tensor"))
         .abs()
         .amax(-1)
     )
@@ -455,17 +453,17 @@ def test_schedules_are_not_interchangeable() -> None:
 # ----- the keywords on the module, and the defaults ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "concat"])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
 @pytest.mark.parametrize("schedule", ["paper", "tensor2tensor"])
 @pytest.mark.parametrize("d_model", [6, 7])
 def test_module_keywords_match_the_function(
     layout: str, schedule: str, d_model: int
 ) -> None:
     module = PositionalEncoding(
-        d_model, layout=layout, frequencies=schedule, max_len=16
+        d_model, layout=layout, schedule=schedule, max_len=16
     ).eval()
     x = torch.randn(40, 2, d_model)  # longer than max_len: the on-the-fly path too
-    table = sinusoidal_encoding(40, d_model, layout=layout, frequencies=schedule)
+    table = sinusoidal_encoding(40, d_model, layout=layout, schedule=schedule)
     assert torch.equal(module(x), x + table.unsqueeze(1))
 
 
@@ -473,11 +471,11 @@ def test_defaults_are_the_paper() -> None:
     p = torch.arange(0, 2**20, 4099)
     assert torch.equal(
         sinusoidal_encoding(p, 63),
-        sinusoidal_encoding(p, 63, layout="interleaved", frequencies="paper"),
+        sinusoidal_encoding(p, 63, layout="interleaved", schedule="paper"),
     )
     assert torch.equal(
         offset_matrix(9, 63),
-        offset_matrix(9, 63, layout="interleaved", frequencies="paper"),
+        offset_matrix(9, 63, layout="interleaved", schedule="paper"),
     )
 
 
@@ -485,8 +483,8 @@ def test_defaults_are_the_paper() -> None:
 def test_unknown_conventions_are_refused_by_name(function: object) -> None:
     with pytest.raises(ValueError, match="layout"):
         function(4, 8, layout="split")  # type: ignore[operator]
-    with pytest.raises(ValueError, match="frequencies"):
-        function(4, 8, frequencies="fairseq")  # type: ignore[operator]
+    with pytest.raises(ValueError, match="schedule"):
+        function(4, 8, schedule="fairseq")  # type: ignore[operator]
 
 
 # ----- the installed Hugging Face code, run as it is ------------------------------------------------------------
@@ -515,7 +513,7 @@ def test_the_installed_hugging_face_tables(set_default_dtype) -> None:
     for d_model in (7, 64, 512):
         marian = MarianSinusoidalPositionalEmbedding(n, d_model).create_weight()
         assert marian.dtype == torch.float32
-        ours = sinusoidal_encoding(n, d_model, layout="concat")
+        ours = sinusoidal_encoding(n, d_model, layout="half")
         one_ulp = torch.finfo(torch.float32).eps * marian.abs().double()
         assert ((marian - ours).abs().double() <= one_ulp + bound).all()
         literal = torch.from_numpy(marian_create_weight_literal(n, d_model)).float()
@@ -524,13 +522,13 @@ def test_the_installed_hugging_face_tables(set_default_dtype) -> None:
     set_default_dtype(torch.float64)
     whisper = sinusoids(n, 64)
     assert whisper.dtype == torch.float64
-    assert (whisper - posenc_concat(range(n), 64, "tensor2tensor")).abs().max() <= bound
+    assert (whisper - posenc_half(range(n), 64, "tensor2tensor")).abs().max() <= bound
 
     set_default_dtype(torch.float32)
     classic = (2 * math.log(1e4) + 4) * 2.0**-24 * n + 2.0**-23
     for d_model in (7, 64):
         m2m = M2M100SinusoidalPositionalEmbedding.get_embedding(n, d_model, 1).double()
-        reference = posenc_concat(range(n), d_model, "tensor2tensor")
+        reference = posenc_half(range(n), d_model, "tensor2tensor")
         reference[1] = 0  # padding_idx = 1
         error = (m2m - reference).abs().max().item()
         assert bound < error <= classic

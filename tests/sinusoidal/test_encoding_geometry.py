@@ -60,9 +60,9 @@ def test_dot_product_depends_on_the_offset_only(
     k = max(k, -min(p))
     kwargs = {
         "base": base,
-        "frequencies": schedule,
-        "layout": "concat",
-    }  # the concat layout makes pairs easy to slice
+        "schedule": schedule,
+        "layout": "half",
+    }  # the half layout makes pairs easy to slice
     a = sinusoidal_encoding(p_t, d_model, dtype=dtype, **kwargs).double()
     b = sinusoidal_encoding(p_t + k, d_model, dtype=dtype, **kwargs).double()
     m = d_model // 2
@@ -102,7 +102,7 @@ def test_norm_is_sqrt_half_d(
     d_model: int, base: float, p: list[int], dtype: torch.dtype, schedule: str
 ) -> None:
     values = sinusoidal_encoding(
-        torch.tensor(p), d_model, base=base, dtype=dtype, frequencies=schedule
+        torch.tensor(p), d_model, base=base, dtype=dtype, schedule=schedule
     ).double()
     sq_norm = (values**2).sum(-1)
     m = d_model // 2
@@ -132,7 +132,7 @@ def test_norm_is_sqrt_half_d(
     dtype=st.sampled_from(
         [torch.float16, torch.bfloat16, torch.float32, torch.float64]
     ),
-    layout=st.sampled_from(["interleaved", "concat"]),
+    layout=st.sampled_from(["interleaved", "half"]),
     schedule=schedules,
 )
 def test_values_are_in_minus_one_one(
@@ -151,7 +151,7 @@ def test_values_are_in_minus_one_one(
         base=base,
         dtype=dtype,
         layout=layout,
-        frequencies=schedule,
+        schedule=schedule,
     )
     assert values.abs().max().item() <= 1.0
     assert torch.isfinite(values).all()

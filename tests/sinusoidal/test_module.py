@@ -197,11 +197,11 @@ def test_the_pytorch_tutorials_language_model_runs_with_posenc_swapped_in() -> N
 # --- layouts and positions ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "concat"])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
 @pytest.mark.parametrize("schedule", ["paper", "tensor2tensor"])
 def test_both_batch_layouts_agree_with_the_function(layout: str, schedule: str) -> None:
     x = torch.randn(12, 4, 10)  # [seq, batch, d]
-    kwargs = {"layout": layout, "frequencies": schedule}
+    kwargs = {"layout": layout, "schedule": schedule}
     table = sinusoidal_encoding(12, 10, **kwargs)
     seq_first = PositionalEncoding(10, **kwargs)(x)
     batch_first = PositionalEncoding(10, batch_first=True, **kwargs)(
@@ -482,7 +482,7 @@ def python_reference(
     """The encoding from its definition with Python's ``math`` (no torch arithmetic): ``[len(positions),
     d_model]`` float64. ``"paper"``: ω_i = base^(-2i/d) for i < ceil(d/2); ``"tensor2tensor"``: ω_i =
     base^(-i/max(d//2 - 1, 1)) for i < d//2, and a 0 appended for odd d (its sine is a zero channel).
-    ``"interleaved"``: sin ω_0, cos ω_0, sin ω_1, ..., cut to d; ``"concat"``: every sine, then the cosines of
+    ``"interleaved"``: sin ω_0, cos ω_0, sin ω_1, ..., cut to d; ``"half"``: every sine, then the cosines of
     the d//2 first pairs (tensor2tensor with odd d: the sines and cosines of the d//2 pairs, then the zero)."""
     if schedule == "paper":
         omega = [base ** (-2 * i / d_model) for i in range((d_model + 1) // 2)]
@@ -503,7 +503,7 @@ def python_reference(
 
 
 @pytest.mark.parametrize("d_model", [7, 10])
-@pytest.mark.parametrize("layout", ["interleaved", "concat"])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
 @pytest.mark.parametrize("schedule", ["paper", "tensor2tensor"])
 def test_every_setting_against_python_math(
     d_model: int, layout: str, schedule: str
@@ -511,7 +511,7 @@ def test_every_setting_against_python_math(
     """Non-default values of every setting (base, max_len, batch_first, layout, frequencies, dropout), in float64
     against ``math.sin`` and ``math.cos``: a module that ignored any of them would fail here."""
     base, max_len, p = 100.0, 6, 0.25
-    kwargs = {"base": base, "layout": layout, "frequencies": schedule}
+    kwargs = {"base": base, "layout": layout, "schedule": schedule}
     reference = python_reference(
         list(range(12)), d_model, base, layout, schedule
     )  # [12, d]
@@ -553,7 +553,7 @@ def test_every_setting_against_python_math(
 @pytest.mark.parametrize(
     ("name", "value"),
     [("d_model", 8), ("max_len", 10), ("base", 100.0), ("batch_first", True),
-     ("layout", "concat"), ("frequencies", "tensor2tensor")],
+     ("layout", "half"), ("schedule", "tensor2tensor")],
 )  # fmt: skip
 def test_settings_cannot_change_after_construction(name: str, value: object) -> None:
     """The cached tables follow the settings: an assignment after the first forward is refused, naming the setting
@@ -634,8 +634,8 @@ FOREIGN_TABLES = [
     ),
     (
         "another layout",
-        sinusoidal_encoding(64, 16, layout="concat").unsqueeze(1),
-        r"layout='concat'",
+        sinusoidal_encoding(64, 16, layout="half").unsqueeze(1),
+        r"layout='half'",
     ),
     (
         "another base",
@@ -673,9 +673,9 @@ def test_a_table_that_is_not_this_encoding_is_a_load_error(
 
 def test_a_table_in_another_layout_loads_into_a_module_of_that_layout() -> None:
     table = sinusoidal_encoding(
-        64, 16, layout="concat", frequencies="tensor2tensor"
+        64, 16, layout="half", schedule="tensor2tensor"
     ).unsqueeze(1)
-    module = PositionalEncoding(16, layout="concat", frequencies="tensor2tensor")
+    module = PositionalEncoding(16, layout="half", schedule="tensor2tensor")
     assert _load_table(table, module).unexpected_keys == []
 
 

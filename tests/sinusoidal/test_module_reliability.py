@@ -24,7 +24,7 @@ from tests.references.classic import (
 )
 
 BATCH_FIRST = [False, True]
-LAYOUTS = ["interleaved", "concat"]
+LAYOUTS = ["interleaved", "half"]
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 
 

@@ -24,7 +24,7 @@ d_models = st.integers(2, 1024)
 bases = st.floats(1.0, 6.0).map(lambda e: 10.0**e)  # log-uniform in [10, 1e6]
 positions = st.integers(0, 2**20)
 offsets = st.integers(-(2**16), 2**16)
-layouts = st.sampled_from(["interleaved", "concat"])
+layouts = st.sampled_from(["interleaved", "half"])
 schedules = st.sampled_from(["paper", "tensor2tensor"])
 dtypes = st.sampled_from([torch.float32, torch.float64])
 SETTINGS = settings(
@@ -81,7 +81,7 @@ def test_linearity(
     dtype: torch.dtype,
 ) -> None:
     k = max(k, -p)  # positions are >= 0
-    kwargs = {"base": base, "layout": layout, "frequencies": schedule}
+    kwargs = {"base": base, "layout": layout, "schedule": schedule}
     moved = offset_matrix(k, d_model, dtype=dtype, **kwargs) @ sinusoidal_encoding(
         torch.tensor(p), d_model, dtype=dtype, **kwargs
     )
@@ -127,8 +127,8 @@ def test_tensor2tensor_odd_width_is_exact_on_every_channel() -> None:
     # the unpaired channel is sin(p * 0) = 0, kept by the identity exactly
     p = torch.arange(0, 2**20, 997)
     for d_model in (1, 3, 7, 513):
-        for layout in ("interleaved", "concat"):
-            kwargs = {"layout": layout, "frequencies": "tensor2tensor"}
+        for layout in ("interleaved", "half"):
+            kwargs = {"layout": layout, "schedule": "tensor2tensor"}
             table = sinusoidal_encoding(p, d_model, dtype=torch.float64, **kwargs)
             moved = table @ offset_matrix(-500, d_model, **kwargs).T
             target = sinusoidal_encoding(
@@ -159,7 +159,7 @@ def test_group_structure(
     schedule: str,
     dtype: torch.dtype,
 ) -> None:
-    kwargs = {"base": base, "layout": layout, "frequencies": schedule, "dtype": dtype}
+    kwargs = {"base": base, "layout": layout, "schedule": schedule, "dtype": dtype}
     m_a, m_b = offset_matrix(a, d_model, **kwargs), offset_matrix(b, d_model, **kwargs)
     # M_a M_b = M_(a+b): R(a w) R(b w) = R((a+b) w) exactly for the same rounded w; the angle products a w, b w,
     # (a+b) w are rounded (same bound as linearity), and each block entry is a two-term dot product. In float32
@@ -190,7 +190,7 @@ def test_zero_offset_is_the_identity(
     d_model: int, base: float, layout: str, schedule: str
 ) -> None:
     # cos(0) = 1 and sin(0) = 0 exactly in every math library
-    m_0 = offset_matrix(0, d_model, base=base, layout=layout, frequencies=schedule)
+    m_0 = offset_matrix(0, d_model, base=base, layout=layout, schedule=schedule)
     assert torch.equal(m_0, torch.eye(d_model, dtype=torch.float64))
 
 
@@ -225,10 +225,10 @@ def test_block_structure_and_defaults() -> None:
     assert torch.equal(m, expected)
     assert torch.equal(
         offset_matrix(5, 6),
-        offset_matrix(5, 6, base=10000.0, layout="interleaved", frequencies="paper"),
+        offset_matrix(5, 6, base=10000.0, layout="interleaved", schedule="paper"),
     )
-    # concat layout: the same blocks at channels (i, d/2 + i)
-    mc = offset_matrix(1, 4, base=100.0, layout="concat")
+    # half layout: the same blocks at channels (i, d/2 + i)
+    mc = offset_matrix(1, 4, base=100.0, layout="half")
     assert (
         mc[0, 0] == c[0] and mc[0, 2] == s[0] and mc[2, 0] == -s[0] and mc[1, 3] == s[1]
     )
@@ -259,7 +259,7 @@ def test_shapes_dtypes_devices() -> None:
         ({"offset": 1, "d_model": 4.0}, TypeError, "d_model"),
         ({"offset": 1, "base": 1.0}, ValueError, "base"),
         ({"offset": 1, "layout": "split"}, ValueError, "layout"),
-        ({"offset": 1, "frequencies": "fairseq"}, ValueError, "frequencies"),
+        ({"offset": 1, "schedule": "fairseq"}, ValueError, "schedule"),
         ({"offset": 1, "dtype": torch.int64}, TypeError, "dtype"),
     ],
 )
