@@ -12,6 +12,7 @@ from posenc.conventions.diffusers import (
 from posenc.conventions.hf import (
     HFRotaryEmbedding,
     rotary_embedding_from_config,
+    rotated_layers,
     swap_rotary,
 )
 from posenc.conventions.sincos import (
@@ -29,6 +30,7 @@ __all__ = [
     "get_3d_rotary_pos_embed",
     "get_3d_sincos_pos_embed",
     "rotary_embedding_from_config",
+    "rotated_layers",
     "swap_rotary",
     "swap_rotary_diffusers",
     "swap_rotary_timm",

@@ -13,7 +13,7 @@ import contextlib
 import copy
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -442,13 +442,35 @@ def _rotation_functions(family: _Family) -> list[Callable]:
     the text model's classes call (the classes it builds, recursively), on the
     branch of a config flag as the config sets it (DeepSeek-V3's
     ``rope_interleave``)."""
-    module, seen, queue, found = family.module, set(), [family.model], []
+    found: list[Callable] = []
+    for _, tree in _classes_built(family):
+        for method in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+            for name in (
+                _calls(method, family.config) if method.name == "forward" else ()
+            ):
+                obj = getattr(family.module, name, None)
+                if (
+                    inspect.isfunction(obj)
+                    and name.startswith("apply")
+                    and "rot" in name
+                    and obj not in found
+                ):
+                    found.append(obj)
+    return found
+
+
+def _classes_built(family: _Family) -> Iterator[tuple[type, ast.ClassDef]]:
+    """The classes of the family's module that its text model builds, recursively
+    (from what their methods call; not the rotary class), each with its parsed
+    definition, in the order they are reached."""
+    module, seen, queue = family.module, set(), [family.model]
     while queue:
         for klass in queue.pop().__mro__:
             tree = family.classes.get(klass.__name__)
             if klass in seen or klass.__module__ != module.__name__ or tree is None:
                 continue
             seen.add(klass)
+            yield klass, tree
             for method in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
                 for name in _calls(method, family.config):
                     obj = getattr(module, name, None)
@@ -459,15 +481,6 @@ def _rotation_functions(family: _Family) -> list[Callable]:
                         and obj is not family.rotary
                     ):
                         queue.append(obj)
-                    elif (
-                        method.name == "forward"
-                        and inspect.isfunction(obj)
-                        and name.startswith("apply")
-                        and "rot" in name
-                        and obj not in found
-                    ):
-                        found.append(obj)
-    return found
 
 
 # 16_hugging_face.ipynb, cell 58: Scores of unit vectors
@@ -572,3 +585,46 @@ def _mrope_interleaved(layout: _Layout) -> bool:
         f"{axis_of_pair.tolist()}: neither blocks per axis (Qwen2-VL) nor turns "
         "(Qwen3-VL), the two orders RotaryEmbedding expresses"
     )
+
+
+# 16_hugging_face.ipynb, cell 65: Which layers rotate
+def _rotation_guards(
+    family: _Family,
+) -> list[tuple[type, list[list[tuple[ast.expr, bool]]]]]:
+    """The classes whose ``forward`` rotates q and k (those the text model builds,
+    recursively) and, for each call there of an apply...rot... function, the
+    ``if`` conditions around it: ``(test, branch)``, outermost first (branch
+    False: the call is in the ``else``)."""
+    names = {f.__name__ for f in _rotation_functions(family)}
+    found = []
+    for klass, tree in _classes_built(family):
+        methods = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+        forward = next((m for m in methods if m.name == "forward"), None)
+        sites = _guarded_calls(forward, names) if forward is not None else []
+        if sites:
+            found.append((klass, sites))
+    return found
+
+
+def _guarded_calls(
+    function: ast.FunctionDef, names: set[str]
+) -> list[list[tuple[ast.expr, bool]]]:
+    """The conditions around each call of one of ``names`` in ``function``."""
+    sites: list[list[tuple[ast.expr, bool]]] = []
+
+    def visit(node: ast.AST, conditions: list[tuple[ast.expr, bool]]) -> None:
+        call = isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        if call and node.func.id in names:  # type: ignore[attr-defined]
+            sites.append(conditions)
+        if isinstance(node, ast.If):
+            visit(node.test, conditions)
+            for child in node.body:
+                visit(child, [*conditions, (node.test, True)])
+            for child in node.orelse:
+                visit(child, [*conditions, (node.test, False)])
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, conditions)
+
+    visit(function, [])
+    return sites

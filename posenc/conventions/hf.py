@@ -4,10 +4,16 @@
 
 from __future__ import annotations
 
-__all__ = ["HFRotaryEmbedding", "rotary_embedding_from_config", "swap_rotary"]
+__all__ = [
+    "HFRotaryEmbedding",
+    "rotary_embedding_from_config",
+    "rotated_layers",
+    "swap_rotary",
+]
 
 # 16_hugging_face.ipynb, cell 28: The module
 
+import ast
 import contextlib
 import inspect
 import sys
@@ -30,6 +36,7 @@ from posenc.conventions._hf_families import (
     _mrope_interleaved,
     _read_layout,
     _rotation_functions,
+    _rotation_guards,
     _scores,
 )
 from posenc.rotary.rotation import RotaryEmbedding
@@ -528,7 +535,75 @@ def _swap_rotary(
     return {path: type(module).__name__ for path, module in found}
 
 
-# 16_hugging_face.ipynb, cell 65: `rotary_embedding_from_config`
+# 16_hugging_face.ipynb, cell 66: Which layers rotate
+def rotated_layers(config: Any) -> tuple[int, ...]:
+    """The indices of the layers whose attention rotates q and k, read from the
+    family's installed code: the ``if`` around the call that rotates them in its
+    attention's ``forward`` (Cohere 2: ``if self.sliding_window is not None``, its
+    sliding-window layers; SmolLM3 and Llama 4: ``if self.use_rope``, from
+    ``no_rope_layers``; EXAONE 4: ``if self.sliding_window is None or
+    self.is_sliding``), evaluated on each layer's attention module built on the
+    meta device. Every layer where no condition guards the call.
+
+    Args:
+        config: the model's config, or its text config (transformers 5.23).
+
+    Returns:
+        The layer indices, ascending, out of ``range(num_hidden_layers)``.
+
+    Raises:
+        ValueError: where the condition reads more than the module's own
+            attributes (posenc cannot evaluate it without running the model), where
+            not exactly one attention class rotates q and k, or for an
+            encoder-decoder.
+    """
+    if getattr(config, "is_encoder_decoder", False):  # two stacks of layers
+        raise ValueError(
+            f"{type(config).__name__} is an encoder-decoder: posenc reads which "
+            "layers rotate for one stack of decoder layers only; swap_rotary(model) "
+            "keeps each stack's own choice"
+        )
+    family = _family(config)
+    found = _rotation_guards(family)
+    if len(found) != 1:
+        where = [klass.__name__ for klass, _ in found] or "no forward"
+        raise ValueError(
+            f"{family.model.__name__}'s layers rotate q and k in {where} of "
+            f"{family.module.__name__}, not in one attention class: posenc cannot "
+            "tell which layers rotate"
+        )
+    attention, sites = found[0]
+    layers = range(family.config.num_hidden_layers)
+    if all(not conditions for conditions in sites):
+        return tuple(layers)
+    for test in (test for conditions in sites for test, _ in conditions):
+        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} - {"self"}
+        if names:
+            raise ValueError(
+                f"{attention.__name__}.forward rotates q and k only if "
+                f"`{ast.unparse(test)}`, which reads {sorted(names)}: posenc cannot "
+                "tell which layers rotate without running the model"
+            )
+
+    def holds(layer: nn.Module, conditions: list[tuple[ast.expr, bool]]) -> bool:
+        code = [compile(ast.Expression(test), "<if>", "eval") for test, _ in conditions]
+        scope = {"__builtins__": {}}
+        return all(
+            bool(eval(c, scope, {"self": layer}))
+            == branch  # the family's own condition
+            for c, (_, branch) in zip(code, conditions)
+        )
+
+    rotated = []
+    for index in layers:
+        with torch.device("meta"):  # no memory: only the attributes are read
+            layer = attention(family.config, index)
+        if any(holds(layer, conditions) for conditions in sites):
+            rotated.append(index)
+    return tuple(rotated)
+
+
+# 16_hugging_face.ipynb, cell 69: `rotary_embedding_from_config`
 def rotary_embedding_from_config(
     config: Any, *, layer_type: str | None = None, **kwargs: Any
 ) -> RotaryEmbedding:
@@ -579,12 +654,31 @@ def rotary_embedding_from_config(
     if layout.axes > 1:
         params["mrope_interleaved"] = _mrope_interleaved(layout)
     qk_layout, head_dim, rotary_dim = _qk_layout(family, tables, layer_type, params)
+    _warn_of_skipped_layers(config, family)
     return RotaryEmbedding(
         head_dim, layout=qk_layout, rotary_dim=rotary_dim, scaling=params, **kwargs
     )
 
 
-# 16_hugging_face.ipynb, cell 66: `rotary_embedding_from_config`
+def _warn_of_skipped_layers(config: Any, family: _Family) -> None:
+    """A warning where the family's attention rotates q and k in some layers
+    only, or where posenc cannot tell which (``rotated_layers``)."""
+    try:
+        rotated = rotated_layers(config)
+    except ValueError as error:
+        warnings.warn(f"{error}; rotate only where its attention does", stacklevel=3)
+        return
+    if len(rotated) < family.config.num_hidden_layers:
+        warnings.warn(
+            f"{family.model.__name__}'s attention rotates q and k only in layers "
+            f"{list(rotated)} of {family.config.num_hidden_layers} (the others use no "
+            "positional encoding): apply this module in those layers only "
+            "(posenc.conventions.rotated_layers(config))",
+            stacklevel=3,
+        )
+
+
+# 16_hugging_face.ipynb, cell 70: `rotary_embedding_from_config`
 def _qk_layout(
     family: _Family, tables: HFRotaryEmbedding, layer_type: str | None, params: dict
 ) -> tuple[str, int, int | None]:
@@ -647,7 +741,7 @@ def _qk_layout(
     return fits[0], head_dim, rotary_dim
 
 
-# 16_hugging_face.ipynb, cell 67: `rotary_embedding_from_config`
+# 16_hugging_face.ipynb, cell 71: `rotary_embedding_from_config`
 def _from_hf_config(cls: type, config: Any, **kwargs: Any) -> RotaryEmbedding:
     """A module for a transformers checkpoint: head_dim, rotated channels, base,
     scaling and its q/k layout, from ``config`` and the installed transformers

@@ -165,6 +165,55 @@ def _per_module(model: Any) -> dict[str, Any]:
     return {"accepted_alone": accepted, "refusing": refusing}
 
 
+def layers_that_rotate(
+    model: Any, given: dict[str, torch.Tensor]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(rotating, present)``: the layer indices (an attention module's ``layer_idx``, else its ordinal) of the
+    attention modules whose forward called the family's rotation function in one forward of ``model`` on
+    ``given`` (a spy on the function, not posenc's reading of the code), and of all the family's attention modules
+    the model holds (a hybrid's linear-attention or Mamba layers have none). ``posenc.conventions.rotated_layers``
+    must name ``rotating`` among ``present``."""
+    from posenc.conventions._hf_families import (
+        _family,
+        _rotation_functions,
+        _rotation_guards,
+    )
+
+    family = _family(model.config)
+    found = _rotation_guards(family)
+    if len(found) != 1:
+        raise ValueError(f"{len(found)} attention classes rotate q and k")
+    layers = [m for m in model.modules() if isinstance(m, found[0][0])]
+    current, seen = [None], set()
+    # the layer index the module was built with (Zamba2's shared blocks: -1, then its ordinal)
+    indices = [
+        m.layer_idx
+        if isinstance(getattr(m, "layer_idx", None), int) and m.layer_idx >= 0
+        else i
+        for i, m in enumerate(layers)
+    ]
+    for index, layer in zip(indices, layers):
+        layer.register_forward_pre_hook(lambda *_, i=index: current.__setitem__(0, i))
+    originals = {f.__name__: f for f in _rotation_functions(family)}
+
+    def spy(original: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            seen.add(current[0])
+            return original(*args, **kwargs)
+
+        return call
+
+    try:
+        for name, original in originals.items():
+            setattr(family.module, name, spy(original))
+        with torch.no_grad():
+            model(**given)
+    finally:
+        for name, original in originals.items():
+            setattr(family.module, name, original)
+    return tuple(sorted(seen)), tuple(sorted(set(indices)))
+
+
 def _check(family: str, posenc: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
@@ -233,6 +282,19 @@ def _check(family: str, posenc: Any) -> dict[str, Any]:
     ratio, same = _distance(mine, ref)
     info["error_over_bound"] = round(ratio, 4)
     info["calls"] = calls[0]
+    # which layers rotate: posenc's reading of the family's code against a spy on its rotation function
+    try:
+        info["rotated_layers"] = list(posenc.conventions.rotated_layers(model.config))
+    except ValueError as error:
+        info["rotated_layers"] = f"refused: {_short(error)}"
+    try:
+        seen, present = layers_that_rotate(copy.deepcopy(model), given)
+        info["layers_seen_rotating"], info["attention_layers"] = (
+            list(seen),
+            list(present),
+        )
+    except Exception as error:
+        info["layers_seen_rotating"] = f"spy fails: {_short(error)}"
     # the controls
     try:
         own_ratio, own_same = _distance(_outputs(_variant(model, _own)[0], given), ref)

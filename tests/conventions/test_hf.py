@@ -18,12 +18,14 @@ from __future__ import annotations
 import copy
 import pickle
 import threading
+import warnings
 
 import pytest
 import torch
 
 import posenc
 from posenc import HFRotaryEmbedding, RotaryEmbedding
+from tests.census.compare import layers_that_rotate
 from tests.references import hf_families as F
 from tests.references.host_syncs import DEVICE, host_syncs
 
@@ -671,3 +673,37 @@ def test_mrope_sections_with_a_zero_axis():
     assert layout.axes == 3 and set(layout.axis.tolist()) == {1, 2}
     for a, b in zip(ours(torch.zeros(1), ids), theirs(torch.zeros(1), ids)):
         assert a.shape == b.shape and (a - b).abs().max() <= 2**-20
+
+
+# --- which layers rotate ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        i
+        for i, f in enumerate(F.FAMILIES)
+        if f.name in ("llama", "cohere2", "gemma3", "deepseek_v3")
+    ],
+)
+def test_rotated_layers_are_those_whose_attention_rotates(index: int) -> None:
+    """posenc.conventions.rotated_layers reads the condition around the rotation in the family's attention code;
+    a spy on the rotation function in a forward of the tiny model sees the same layers (Cohere 2: its
+    sliding-window layer only)."""
+    from posenc.conventions import rotated_layers
+
+    model = copy.deepcopy(F.tiny_model(index))
+    expected, _ = layers_that_rotate(model, {"input_ids": torch.tensor([[1, 2, 3, 4]])})
+    assert rotated_layers(model.config) == expected
+    if F.FAMILIES[index].name == "cohere2":
+        assert expected == (0,)  # layer_types: sliding, then full attention
+
+
+def test_from_hf_config_names_the_layers_that_rotate() -> None:
+    cohere2 = next(f for f in F.FAMILIES if f.name == "cohere2")
+    llama = next(f for f in F.FAMILIES if f.name == "llama")
+    with pytest.warns(UserWarning, match=r"rotates q and k only in layers \[0\] of 2"):
+        RotaryEmbedding.from_hf_config(F.tiny_config(cohere2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        RotaryEmbedding.from_hf_config(F.tiny_config(llama))  # every layer: no warning

@@ -61,3 +61,22 @@ def test_the_controls_hold_for_every_ok_family(census):
                 e["doubled_base_over_bound"] is None
                 or e["doubled_base_over_bound"] >= CAUGHT
             )
+
+
+def test_posenc_reads_which_layers_rotate_for_every_ok_family(census):
+    """posenc.conventions.rotated_layers (the condition around the rotation in the family's attention code) names,
+    among the layers that hold the family's attention, those that a spy on the rotation function sees rotating, or
+    says why it cannot (a condition on more than the module's attributes)."""
+    for e in census["results"]:
+        if e["status"] != "ok":
+            continue
+        read, seen = e["rotated_layers"], e["layers_seen_rotating"]
+        if isinstance(read, str) and read.startswith("refused: "):
+            continue  # posenc says why it cannot tell (and from_hf_config warns so)
+        assert isinstance(seen, list), (e["family"], seen)
+        assert [i for i in read if i in e["attention_layers"]] == seen, (
+            e["family"],
+            read,
+            seen,
+            e["attention_layers"],
+        )
