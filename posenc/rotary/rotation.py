@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["ROUNDINGS", "RotaryEmbedding", "apply_rotary", "rotary_cos_sin"]
 
-# 06_rotary.ipynb, cell 11: The implementation
+# 06_rotary.ipynb, cell 37: The implementation
 
 import threading
 from collections.abc import Mapping, Sequence
@@ -46,7 +46,7 @@ _CHUNK = 1 << 12  # positions per block of float64 angles: a few MiB besides a t
 _STACK_LIMIT = 1 << 16  # q and k of at most this many elements are rotated stacked
 
 
-# 06_rotary.ipynb, cell 13: The rotation
+# 06_rotary.ipynb, cell 39: The rotation
 def _rotate(
     x: Tensor,
     cos: Tensor,
@@ -81,7 +81,7 @@ def _rotate(
     return out.to(x.dtype) if low else out
 
 
-# 06_rotary.ipynb, cell 14: The rotation
+# 06_rotary.ipynb, cell 40: The rotation
 def _signed(sin: Tensor, layout: str, in_place: bool = False) -> Tensor:
     """The sine table as ``_rotate`` takes it, ``[..., r]``: -sin θ on the first
     channel of each pair, sin θ on the second, so that (b, a)·(-sin θ, sin θ) is
@@ -100,7 +100,7 @@ def _signed(sin: Tensor, layout: str, in_place: bool = False) -> Tensor:
     return torch.cat((sin[..., :half].neg(), sin[..., half:]), dim=-1)
 
 
-# 06_rotary.ipynb, cell 16: The tables
+# 06_rotary.ipynb, cell 42: The tables
 def _tables_at(
     rope: _Rope, positions: Tensor, dtype: torch.dtype, seq_len: int | None = None,
     traced: bool = True,
@@ -142,7 +142,7 @@ def _tables_at(
     return cos.view(*lead, r), sin.view(*lead, r)
 
 
-# 06_rotary.ipynb, cell 17: The tables
+# 06_rotary.ipynb, cell 43: The tables
 def _values(
     rope: _Rope, omega: Tensor, positions: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
@@ -162,7 +162,7 @@ def _values(
     return out[0], out[1]
 
 
-# 06_rotary.ipynb, cell 19: The tables
+# 06_rotary.ipynb, cell 45: The tables
 # Under torch.compile and torch.export the tables are the same eager kernels,
 # called as one opaque operator: compiled and exported programs agree bitwise
 # with eager mode on the CPU (inductor's own float64 sin/cos may differ in the
@@ -206,7 +206,7 @@ else:  # older torch: traced like any other code (agrees to rounding, not bitwis
     _tables_op = _tables_described
 
 
-# 06_rotary.ipynb, cell 21: The functions
+# 06_rotary.ipynb, cell 47: The functions
 def rotary_cos_sin(
     positions: int | Tensor,
     head_dim: int,
@@ -270,7 +270,7 @@ def rotary_cos_sin(
     return _tables_at(rope, positions, dtype, seq_len)
 
 
-# 06_rotary.ipynb, cell 22: The functions
+# 06_rotary.ipynb, cell 48: The functions
 def _compute_dtype(x: Tensor, rounding: str = "once") -> torch.dtype:
     """The dtype ``x`` is rotated in, and its tables': float32 for float16 and
     bfloat16 with ``rounding="once"`` (rounded once to x's dtype at the end), else
@@ -278,7 +278,7 @@ def _compute_dtype(x: Tensor, rounding: str = "once") -> torch.dtype:
     return torch.float32 if rounding == "once" and x.dtype in _HALF else x.dtype
 
 
-# 06_rotary.ipynb, cell 23: The functions
+# 06_rotary.ipynb, cell 49: The functions
 def _rope_of(x: Tensor, rotary_dim: object, **settings: Any) -> _Rope:
     """``apply_rotary``'s settings for the heads of ``x``, checked."""
     if rotary_dim is None and x.shape[-1] % 2:
@@ -292,7 +292,7 @@ def _rope_of(x: Tensor, rotary_dim: object, **settings: Any) -> _Rope:
     return rope
 
 
-# 06_rotary.ipynb, cell 24: The functions
+# 06_rotary.ipynb, cell 50: The functions
 def _positions_of(
     x: Tensor, positions: object, rope: _Rope, seq_dim: int
 ) -> tuple[Tensor, int | None]:
@@ -311,7 +311,7 @@ def _positions_of(
     return torch.arange(offset, end, device=x.device), end if rope.dynamic else None
 
 
-# 06_rotary.ipynb, cell 25: The functions
+# 06_rotary.ipynb, cell 51: The functions
 def apply_rotary(
     x: Tensor,
     positions: Tensor | int | None = None,
@@ -390,7 +390,7 @@ def apply_rotary(
     return _rotate(x, cos, _signed(sin, layout), layout, seq_dim, 0, rounding)
 
 
-# 06_rotary.ipynb, cell 27: The module
+# 06_rotary.ipynb, cell 53: The module
 def _frequency_length(
     module: RotaryEmbedding, positions: Tensor | None, end: int
 ) -> int | None:
@@ -421,7 +421,7 @@ def _frequency_length(
         return module._seq_len
 
 
-# 06_rotary.ipynb, cell 28: The module
+# 06_rotary.ipynb, cell 54: The module
 def _checked(
     module: RotaryEmbedding,
     x: Tensor,
@@ -440,7 +440,7 @@ def _checked(
     return _check_offset(offset, positions, rope, "offset"), positions, seq_dim
 
 
-# 06_rotary.ipynb, cell 29: The module
+# 06_rotary.ipynb, cell 55: The module
 def _table_args(
     x: object, dtype: object, device: object
 ) -> tuple[torch.dtype, Any, int | None]:
@@ -456,7 +456,7 @@ def _table_args(
     return dtype, device, x.shape[0] if x is not None and x.dim() > 1 else None
 
 
-# 06_rotary.ipynb, cell 30: The module
+# 06_rotary.ipynb, cell 56: The module
 class RotaryEmbedding(nn.Module):
     """Rotary position embeddings for queries and keys, with a cached table.
 
