@@ -74,7 +74,7 @@ from benchmarks.bench import (  # noqa: E402
 )
 from posenc import Timesteps, sincos_grid, timestep_embedding  # noqa: E402
 from posenc._checks import check_bool, values_checkable  # noqa: E402
-from posenc.sincos._args import _check_freq_args, _check_timesteps  # noqa: E402
+from posenc.sincos._args import _check_timesteps, check_freq_args  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BATCH, DIM = 256, 320
@@ -180,7 +180,7 @@ def angle_addition_embedding(
             timesteps, dim, flip_sin_to_cos=flip_sin_to_cos,
             downscale_freq_shift=downscale_freq_shift, dtype=dtype,
         )  # fmt: skip
-    dim, shift, _, base = _check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
+    dim, shift, _, base = check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
     flip = check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
     tables = angle_addition_tables(dim // 2, shift, base, block, flip)
     return angle_addition_rows(t, tables, dim, dtype or torch.float32)
@@ -193,7 +193,7 @@ def _direct_road(
     the float64 frequencies ``[dim // 2]`` as posenc computes them, the float32 output ``[N, dim]`` (its odd
     channel already zero) and its sine and cosine halves ``[N, dim // 2]`` (views, in the layout's order)."""
     t = _check_timesteps(timesteps)
-    dim, shift, _, base = _check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
+    dim, shift, _, base = check_freq_args(dim, downscale_freq_shift, 1.0, 10000)
     flip = check_bool("flip_sin_to_cos", flip_sin_to_cos, "True: cosines first")
     half = dim // 2
     omega = torch.pow(base, -torch.arange(half, dtype=torch.float64) / (half - shift))

@@ -243,10 +243,12 @@ def check_integer_tensor(name: str, value: Tensor, fix: str) -> None:
     check_computable(name, value, f"convert with {name}.long()")
 
 
+_WRAPPED = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+
+
 def in_torch_func(x: Tensor) -> bool:
     """A tensor inside torch.func (vmap, grad, jvp): its values are per-sample."""
-    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-    return wrapped is not None and wrapped(x)
+    return _WRAPPED is not None and _WRAPPED(x)
 
 
 def values_checkable(x: Tensor) -> bool:

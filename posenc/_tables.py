@@ -4,7 +4,14 @@
 
 from __future__ import annotations
 
-__all__ = ["assume_constant_result", "cached_table", "fake", "is_exporting", "storable"]
+__all__ = [
+    "TableCache",
+    "assume_constant_result",
+    "cached_table",
+    "fake",
+    "is_exporting",
+    "storable",
+]
 
 # 19_deployment.ipynb, cell 4: One cache of tables
 
@@ -43,7 +50,7 @@ def storable(x: Tensor) -> bool:
     """
     if torch.jit.is_tracing() or is_exporting():
         return False
-    return not (x.device.type == "meta" or fake(x) or in_torch_func(x))
+    return not (x.is_meta or in_torch_func(x) or fake(x))
 
 
 def fake(x: Tensor) -> bool:
@@ -105,3 +112,16 @@ def _build_outside_graph(
     for tensor in table if isinstance(table, tuple) else (table,):
         torch._dynamo.mark_static_address(tensor)
     return True
+
+
+# 19_deployment.ipynb, cell 9: One cache of tables
+class TableCache:
+    """A mixin, before ``nn.Module``, for a module whose ``cached_table`` tables are
+    kept in ``self._tables``: pickles (``torch.save(model)``, ``copy.deepcopy``,
+    multiprocessing) carry none, so they stay small and a load with
+    ``map_location`` cannot leave a table under a stale (device, dtype) key."""
+
+    _tables: dict[tuple[torch.device, torch.dtype], Any]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_tables": {}}  # type: ignore[misc]

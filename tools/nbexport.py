@@ -56,6 +56,11 @@ def _marked(marker: str, code: str) -> str:
 def _public_names(code: str) -> list[str]:
     names = []
     for node in ast.parse(code).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+            isinstance(d, ast.Call) and getattr(d.func, "id", "") == "method_of"
+            for d in node.decorator_list
+        ):
+            continue  # a method of a class written over several cells: the class's
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.append(node.name)
         elif isinstance(node, ast.Assign):

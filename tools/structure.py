@@ -56,17 +56,37 @@ def _segment(source: str, node: ast.AST) -> str:
     return "\n".join(line[indent:] for line in lines) + "\n"
 
 
+def _method_of(node: ast.AST) -> str | None:
+    """The class a module-level function is a method of (``@method_of(Class)``: a class written over several
+    notebook cells), or None."""
+    for decorator in getattr(node, "decorator_list", ()):
+        if (
+            isinstance(decorator, ast.Call)
+            and getattr(decorator.func, "id", "") == "method_of"
+        ):
+            return getattr(decorator.args[0], "id", None)
+    return None
+
+
 def classes(package: Path) -> dict[str, dict[str, int]]:
-    found = {}
+    """Lines of code of each public class (with the methods given to it by ``@method_of`` in later cells) and of
+    its ``forward``."""
+    found: dict[str, dict[str, int]] = {}
     for path in sorted(package.rglob("*.py")):
         source = path.read_text(encoding="utf-8")
         for node in ast.parse(source).body:
-            if isinstance(node, ast.ClassDef) and node.name in CLASSES:
-                entry = {"class": code_lines(_segment(source, node))}
-                for item in node.body:
-                    if isinstance(item, ast.FunctionDef) and item.name == "forward":
-                        entry["forward"] = code_lines(_segment(source, item))
-                found[node.name] = entry
+            owner = node.name if isinstance(node, ast.ClassDef) else _method_of(node)
+            if owner not in CLASSES:
+                continue
+            entry = found.setdefault(owner, {"class": 0})
+            lines = code_lines(_segment(source, node))
+            entry["class"] += lines
+            items = node.body if isinstance(node, ast.ClassDef) else [node]
+            for item in items:
+                if isinstance(item, ast.FunctionDef) and item.name == "forward":
+                    entry["forward"] = code_lines(_segment(source, item)) - (
+                        item is node
+                    )
     return found
 
 

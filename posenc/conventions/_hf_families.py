@@ -4,7 +4,18 @@
 
 from __future__ import annotations
 
-__all__ = []
+__all__ = [
+    "Family",
+    "Layout",
+    "family_of",
+    "family_scores",
+    "hf_parameters",
+    "interleaves_axes",
+    "read_layout",
+    "rotated_head_dim",
+    "rotation_functions",
+    "rotation_guards",
+]
 
 # 16_hugging_face.ipynb, cell 8: Reading a family's code
 
@@ -33,7 +44,7 @@ from posenc.rotary.scaling import (
 
 # 16_hugging_face.ipynb, cell 10: The family's module and classes
 @dataclass(frozen=True)
-class _Family:
+class Family:
     """The installed transformers code of one model family."""
 
     name: str  # the text config's model_type
@@ -45,7 +56,7 @@ class _Family:
 
 
 # 16_hugging_face.ipynb, cell 11: The family's module and classes
-def _family(config: object) -> _Family:
+def family_of(config: object) -> Family:
     """The text config of ``config``, its modeling module, the model class that
     holds ``rotary_emb``, and the class of that module."""
     if not (hasattr(config, "to_dict") and hasattr(config, "model_type")):
@@ -71,7 +82,7 @@ def _family(config: object) -> _Family:
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     model = _model_class(module, classes, text)
     rotary = _assigned_class(model, module, classes, "rotary_emb")
-    return _Family(text.model_type, text, module, model, rotary, classes)
+    return Family(text.model_type, text, module, model, rotary, classes)
 
 
 # 16_hugging_face.ipynb, cell 12: The family's module and classes
@@ -141,7 +152,7 @@ _AGREE = 2.0**-13
 _KNOWN_KEYS = frozenset(_COMMON_KEYS).union(*_TYPE_KEYS.values())
 
 
-def _hf_parameters(family: _Family, layer_type: str | None) -> tuple[dict, list]:
+def hf_parameters(family: Family, layer_type: str | None) -> tuple[dict, list]:
     """The family's ``rope_parameters`` (of ``layer_type``), with the config's
     ``max_position_embeddings`` that transformers reads outside the dict, and the
     keys that posenc does not read. A config without ``rope_parameters`` that
@@ -162,7 +173,7 @@ def _hf_parameters(family: _Family, layer_type: str | None) -> tuple[dict, list]
 
 # 16_hugging_face.ipynb, cell 17: One call of the family's module
 def _call(
-    family: _Family, module: nn.Module, x: Tensor, ids: Tensor, layer_type: str | None
+    family: Family, module: nn.Module, x: Tensor, ids: Tensor, layer_type: str | None
 ) -> Any:
     """The family's rotary module on (x, position_ids[, layer_type])."""
     try:
@@ -178,7 +189,7 @@ def _call(
 
 
 # 16_hugging_face.ipynb, cell 18: One call of the family's module
-def _axes_taken(family: _Family, hf_module: nn.Module, layer_type: str | None) -> int:
+def _axes_taken(family: Family, hf_module: nn.Module, layer_type: str | None) -> int:
     """The position axes of a module whose config names no ``mrope_section``: 1, or
     k where it takes position_ids ``[k, batch, seq_len]`` to one table (NeoMME's
     two interleaved axes, which its model always feeds as ``[2, batch, seq_len]``)."""
@@ -213,13 +224,14 @@ def _sections(sections: Any, name: str) -> list[int]:
 
 # 16_hugging_face.ipynb, cell 21: The layout of the tables
 @dataclass
-class _Layout:
+class Layout:
     """The tables of one layer type, as the family's rotary module lays them out:
     channel j holds the angle of slot ``gather[j]``, and slot s turns with the
     position on axis ``axis[s]`` at the frequency of pair ``pair[s]``."""
 
     params: dict[str, Any]  # posenc's reading of the rope_parameters
     pairs: int  # P: the frequencies of the family's module
+    dim: int  # the d of base^(-2i/d): 2P, or 2P - 1 (odd int(head_dim * factor))
     axes: int  # position axes (M-RoPE: 3)
     axis: Tensor  # [S] long
     pair: Tensor  # [S] long
@@ -231,17 +243,14 @@ class _Layout:
 
 
 # 16_hugging_face.ipynb, cell 22: The layout of the tables
-def _read_layout(
-    family: _Family, hf_module: nn.Module, layer_type: str | None
-) -> _Layout:
+def read_layout(family: Family, hf_module: nn.Module, layer_type: str | None) -> Layout:
     """Read how the family's own rotary module lays out its tables, from one call:
     at distinct random positions (below 1024, one set per axis) every angle
     p·ω_i differs, so each channel of its tables fits one (axis, pair) of posenc's
     float64 angles within the float32 rounding of the family's own."""
     params = _layout_parameters(family, hf_module, layer_type)
-    pairs, omega, attention = _checked_frequencies(
-        family, hf_module, layer_type, params
-    )
+    dim, omega, attention = _checked_frequencies(family, hf_module, layer_type, params)
+    pairs = omega.numel()
     axes = len(params.get("mrope_section") or ()) or _axes_taken(
         family, hf_module, layer_type
     )
@@ -255,8 +264,8 @@ def _read_layout(
     forms = {"halves": torch.arange(s).repeat(2), "pairs": torch.arange(s),
              "interleaved": torch.arange(s).repeat_interleave(2)}  # fmt: skip
     form = next((k for k, v in forms.items() if torch.equal(gather, v)), "other")
-    return _Layout(
-        params=params, pairs=pairs, axes=axes, axis=torch.tensor(slots) // pairs,
+    return Layout(
+        params=params, pairs=pairs, dim=dim, axes=axes, axis=torch.tensor(slots) // pairs,
         pair=torch.tensor(slots) % pairs, gather=gather, form=form, complex=complex_,
         follows_input=follows, attention=attention,
     )  # fmt: skip
@@ -264,12 +273,12 @@ def _read_layout(
 
 # 16_hugging_face.ipynb, cell 23: The layout of the tables
 def _layout_parameters(
-    family: _Family, hf_module: nn.Module, layer_type: str | None
+    family: Family, hf_module: nn.Module, layer_type: str | None
 ) -> dict[str, Any]:
     """posenc's checked reading of the family's ``rope_parameters`` (of
     ``layer_type``), with the M-RoPE sections of the module where the config
     gives none."""
-    params, _ = _hf_parameters(family, layer_type)
+    params, _ = hf_parameters(family, layer_type)
     sections = getattr(hf_module, "mrope_section", None)
     if isinstance(sections, Mapping):
         sections = sections.get(layer_type)
@@ -286,11 +295,13 @@ def _layout_parameters(
 
 # 16_hugging_face.ipynb, cell 24: The layout of the tables
 def _checked_frequencies(
-    family: _Family, hf_module: nn.Module, layer_type: str | None, params: dict
+    family: Family, hf_module: nn.Module, layer_type: str | None, params: dict
 ) -> tuple[int, Tensor, float]:
-    """The family's pairs P, posenc's float64 frequencies ``[P]`` for ``params`` and the
-    attention factor, after checking that the module's ``inv_freq`` and
-    ``attention_scaling`` are those, to float32 rounding."""
+    """The d of the family's base^(-2i/d), posenc's float64 frequencies ``[P]`` for
+    ``params`` and the attention factor, after checking that the module's
+    ``inv_freq`` (P pairs) and ``attention_scaling`` are those, to float32
+    rounding. d is 2P, or 2P - 1 where transformers' int(head_dim * factor) is odd
+    (rope_type default and linear: ``arange(0, d, 2) / d``)."""
     name = family.rotary.__name__
     prefix = f"{layer_type}_" if layer_type is not None else ""
     inv_freq = getattr(hf_module, f"{prefix}inv_freq", None)
@@ -298,13 +309,19 @@ def _checked_frequencies(
         raise ValueError(
             f"{name} has no {prefix}inv_freq buffer: posenc cannot read its frequencies"
         )
-    pairs = inv_freq.numel()
-    omega = _frequencies(2 * pairs, params, None)  # float64 [P]
-    relative = (inv_freq.detach().cpu().double() - omega).abs() / omega
-    if not (relative.nan_to_num(0.0) <= _AGREE).all():  # (0 / 0: frequency 0 on both)
+    pairs, found = inv_freq.numel(), inv_freq.detach().cpu().double()
+    odd = params["rope_type"] in ("default", "linear") and pairs > 1
+    for dim in (2 * pairs, 2 * pairs - 1) if odd else (2 * pairs,):
+        omega = _frequencies(dim, params, None)  # float64 [P]
+        worst = ((found - omega).abs() / omega).nan_to_num(0.0).max()  # 0/0: both 0
+        if dim == 2 * pairs:
+            relative = worst  # the even reading's difference, for the message
+        if worst <= _AGREE:
+            break
+    else:
         raise ValueError(
             f"{name}'s frequencies differ from those of its config as posenc reads "
-            f"it ({params}) by up to {relative.max().item():.2g} relative, beyond "
+            f"it ({params}) by up to {relative.item():.2g} relative, beyond "
             "float32 rounding: posenc cannot reproduce its tables"
         )
     attention = _attention_factor(params)
@@ -314,12 +331,12 @@ def _checked_frequencies(
             f"{name} multiplies its tables by {hf_attention}, the config as posenc "
             f"reads it by {attention}: posenc cannot reproduce them"
         )
-    return pairs, omega, attention
+    return dim, omega, attention
 
 
 # 16_hugging_face.ipynb, cell 25: The layout of the tables
 def _probe(
-    family: _Family, hf_module: nn.Module, layer_type: str | None, params: dict,
+    family: Family, hf_module: nn.Module, layer_type: str | None, params: dict,
     axes: int,
 ) -> tuple[Tensor, Tensor, Tensor, bool, bool]:  # fmt: skip
     """The family's module called at distinct random positions ``[axes, count]``
@@ -365,7 +382,7 @@ def _probe(
 
 # 16_hugging_face.ipynb, cell 26: The layout of the tables
 def _channel_slots(
-    family: _Family, positions: Tensor, omega: Tensor, hf_cos: Tensor,
+    family: Family, positions: Tensor, omega: Tensor, hf_cos: Tensor,
     hf_sin: Tensor, attention: float,
 ) -> list[int]:  # fmt: skip
     """For each channel j of the family's tables ``[count, W]``, the one candidate
@@ -437,7 +454,7 @@ def _calls(node: ast.AST, config: Any) -> list[str]:
 
 
 # 16_hugging_face.ipynb, cell 56: Finding the rotation function
-def _rotation_functions(family: _Family) -> list[Callable]:
+def rotation_functions(family: Family) -> list[Callable]:
     """The module-level ``apply...rot...`` functions that the ``forward`` methods of
     the text model's classes call (the classes it builds, recursively), on the
     branch of a config flag as the config sets it (DeepSeek-V3's
@@ -459,7 +476,7 @@ def _rotation_functions(family: _Family) -> list[Callable]:
     return found
 
 
-def _classes_built(family: _Family) -> Iterator[tuple[type, ast.ClassDef]]:
+def _classes_built(family: Family) -> Iterator[tuple[type, ast.ClassDef]]:
     """The classes of the family's module that its text model builds, recursively
     (from what their methods call; not the rotary class), each with its parsed
     definition, in the order they are reached."""
@@ -484,7 +501,7 @@ def _classes_built(family: _Family) -> Iterator[tuple[type, ast.ClassDef]]:
 
 
 # 16_hugging_face.ipynb, cell 58: Scores of unit vectors
-def _head_dim(config: Any, layer_type: str | None) -> int:
+def rotated_head_dim(config: Any, layer_type: str | None) -> int:
     """The width of the q and k the family rotates: ``qk_rope_head_dim`` (the
     rotated part of multi-head latent attention), else the layer type's head_dim."""
     if layer_type is not None and hasattr(config, "per_layer_config"):
@@ -515,8 +532,8 @@ def _apply_rotation(fn: Callable, x: Tensor, tables: Any) -> Tensor:
 
 
 # 16_hugging_face.ipynb, cell 60: Scores of unit vectors
-def _scores(
-    fn: Callable, tables: list, head_dim: int, rotated: int, family: _Family
+def family_scores(
+    fn: Callable, tables: list, head_dim: int, rotated: int, family: Family
 ) -> Tensor:
     """⟨q_m, k_n⟩ for the unit vectors q = e_c and k = e_d rotated by the family's
     function at two positions m and n: ``[head_dim, head_dim]`` float64 (the same
@@ -547,7 +564,7 @@ def _scores(
 
 
 # 16_hugging_face.ipynb, cell 61: Scores of unit vectors
-def _slices_first_channels(family: _Family) -> bool:
+def _slices_first_channels(family: Family) -> bool:
     """Whether the family's code takes the first channels for the rotation,
     ``x[..., : <...rot...>]``."""
     for node in (n for tree in family.classes.values() for n in ast.walk(tree)):
@@ -569,7 +586,7 @@ def _slices_first_channels(family: _Family) -> bool:
 
 
 # 16_hugging_face.ipynb, cell 63: M-RoPE's axis order
-def _mrope_interleaved(layout: _Layout) -> bool:
+def interleaves_axes(layout: Layout) -> bool:
     """Whether the M-RoPE axes take turns pair by pair (Qwen3-VL) or hold blocks
     of pairs (Qwen2-VL), as the family's tables assign them."""
     axis_of_pair = torch.full((layout.pairs,), -1)
@@ -588,14 +605,14 @@ def _mrope_interleaved(layout: _Layout) -> bool:
 
 
 # 16_hugging_face.ipynb, cell 65: Which layers rotate
-def _rotation_guards(
-    family: _Family,
+def rotation_guards(
+    family: Family,
 ) -> list[tuple[type, list[list[tuple[ast.expr, bool]]]]]:
     """The classes whose ``forward`` rotates q and k (those the text model builds,
     recursively) and, for each call there of an apply...rot... function, the
     ``if`` conditions around it: ``(test, branch)``, outermost first (branch
     False: the call is in the ``else``)."""
-    names = {f.__name__ for f in _rotation_functions(family)}
+    names = {f.__name__ for f in rotation_functions(family)}
     found = []
     for klass, tree in _classes_built(family):
         methods = [n for n in tree.body if isinstance(n, ast.FunctionDef)]

@@ -25,19 +25,24 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posenc._checks import check_computable, check_integer_tensor, in_torch_func
+from posenc._checks import (
+    check_computable,
+    check_integer_tensor,
+    in_torch_func,
+    values_checkable,
+)
 from posenc._tables import is_exporting, storable
 from posenc.conventions._hf_families import (
-    _Family,
-    _family,
-    _head_dim,
-    _hf_parameters,
-    _Layout,
-    _mrope_interleaved,
-    _read_layout,
-    _rotation_functions,
-    _rotation_guards,
-    _scores,
+    Family,
+    Layout,
+    family_of,
+    family_scores,
+    hf_parameters,
+    interleaves_axes,
+    read_layout,
+    rotated_head_dim,
+    rotation_functions,
+    rotation_guards,
 )
 from posenc.rotary.rotation import RotaryEmbedding
 from posenc.rotary.scaling import _frequencies
@@ -45,7 +50,7 @@ from posenc.sinusoidal.encoding import _round_once
 
 
 # 16_hugging_face.ipynb, cell 30: What is read once, and what is kept
-def _hf_rotary(family: _Family) -> tuple[nn.Module, list[str | None]]:
+def _hf_rotary(family: Family) -> tuple[nn.Module, list[str | None]]:
     """The family's own rotary module, built from its config, and the layer types
     with their own parameters that it holds tables for, sorted (``[None]``: one
     set of parameters for every layer)."""
@@ -67,7 +72,7 @@ def _hf_rotary(family: _Family) -> tuple[nn.Module, list[str | None]]:
 
 
 # 16_hugging_face.ipynb, cell 31: What is read once, and what is kept
-def _slot_rows(layout: _Layout, omega: Tensor) -> Tensor:
+def _slot_rows(layout: Layout, omega: Tensor) -> Tensor:
     """``[*, axes, S]``: row a holds the frequency of each slot on axis a, 0 elsewhere,
     for frequencies ``omega [*, P]`` (on the CPU)."""
     slots = torch.arange(layout.axis.numel())
@@ -78,7 +83,7 @@ def _slot_rows(layout: _Layout, omega: Tensor) -> Tensor:
 
 # 16_hugging_face.ipynb, cell 32: What is read once, and what is kept
 def _frequency_tables(
-    layouts: dict[str | None, _Layout],
+    layouts: dict[str | None, Layout],
 ) -> tuple[dict[str | None, Tensor], ...]:
     """Per layer type, on the CPU: the float64 frequencies of each slot per axis,
     ``[axes, S]``; longrope: also the long ones; dynamic NTK: the sequence length
@@ -86,7 +91,7 @@ def _frequency_tables(
     P frequencies in the slots."""
     rows, long, kept, place = {}, {}, {}, {}
     for t, layout in layouts.items():
-        rope_type, dim = layout.params["rope_type"], 2 * layout.pairs
+        rope_type, dim = layout.params["rope_type"], layout.dim
         rows[t] = _slot_rows(layout, _frequencies(dim, layout.params, None))
         if rope_type == "longrope":
             past = layout.params["original_max_position_embeddings"] + 1
@@ -174,12 +179,12 @@ class _HFTables(_HFState):
         with torch.device(
             "cpu"
         ):  # the frequencies are computed on the CPU, whatever the
-            self._read(_family(config))  # default device (meta included)
+            self._read(family_of(config))  # default device (meta included)
         if device is not None:
             self._move(torch.device(device))
 
     @classmethod
-    def _of(cls, family: _Family) -> HFRotaryEmbedding:
+    def _of(cls, family: Family) -> HFRotaryEmbedding:
         """The module for a family already read (``rotary_embedding_from_config``)."""
         module = cls.__new__(cls)
         nn.Module.__init__(module)
@@ -187,12 +192,12 @@ class _HFTables(_HFState):
             module._read(family)
         return module
 
-    def _read(self, family: _Family) -> None:
+    def _read(self, family: Family) -> None:
         self.config, self.family = family.config, family.name
         hf_module, layer_types = _hf_rotary(family)
         #: the layer types with their own parameters (forward's layer_type), or [None]
         self.layer_types = layer_types
-        self._layouts = {t: _read_layout(family, hf_module, t) for t in layer_types}
+        self._layouts = {t: read_layout(family, hf_module, t) for t in layer_types}
         #: as transformers' module: the rope_type (a dict per layer type)
         self.rope_type = {t: v.params["rope_type"] for t, v in self._layouts.items()}
         self.attention_scaling = {t: v.attention for t, v in self._layouts.items()}
@@ -215,7 +220,7 @@ class _HFTables(_HFState):
     def extra_repr(self) -> str:
         return f"family={self.family!r}, rope_type={self.rope_type!r}"
 
-    def _layout(self, layer_type: object) -> _Layout:
+    def _layout(self, layer_type: object) -> Layout:
         """The layout of ``layer_type``'s tables (forward's argument)."""
         layout = self._layouts.get(layer_type) if _is_key(layer_type) else None
         if layout is None:
@@ -223,7 +228,7 @@ class _HFTables(_HFState):
         return layout
 
     def _call_frequencies(
-        self, layout: _Layout, layer_type: str | None, ids: Tensor
+        self, layout: Layout, layer_type: str | None, ids: Tensor
     ) -> Tensor:
         """float64 ``[axes, S]`` frequencies for this call, on the positions' device."""
         rows = self._omega_on(layer_type, ids.device)
@@ -238,7 +243,7 @@ class _HFTables(_HFState):
         if rope_type != "dynamic":
             return rows
         kept = self._grow(layer_type, ids, layout.params["max_position_embeddings"])
-        omega = _frequencies(2 * layout.pairs, layout.params, kept)  # [P]
+        omega = _frequencies(layout.dim, layout.params, kept)  # [P]
         # placed in the slots by a 0/1 matrix: exact, and no index tensor to copy
         return (omega @ self._place[layer_type].flatten(1)).view_as(rows)
 
@@ -367,7 +372,7 @@ class HFRotaryEmbedding(_HFTables):
 
 
 # 16_hugging_face.ipynb, cell 41: The call
-def _check_call(x: object, position_ids: object, layout: _Layout) -> Tensor:
+def _check_call(x: object, position_ids: object, layout: Layout) -> Tensor:
     """``forward``'s x and position_ids checked; M-RoPE's position_ids as
     ``[axes, batch, seq_len]`` (``[batch, seq_len]`` given to every axis)."""
     if not (isinstance(x, Tensor) and x.is_floating_point()):
@@ -381,6 +386,16 @@ def _check_call(x: object, position_ids: object, layout: _Layout) -> Tensor:
             "position_ids must be an integer tensor [batch, seq_len], got "
             f"{type(position_ids).__name__}"
         )
+    if position_ids.is_floating_point():  # transformers' own: position_ids.float()
+        # (Qwen3-Omni's thinker counts positions in float: attention_mask.cumsum)
+        whole = position_ids == position_ids.round()
+        if values_checkable(position_ids) and not bool(whole.all()):
+            raise ValueError(
+                "position_ids must hold whole numbers (positions), got "
+                f"{position_ids[~whole].flatten()[:3].tolist()}; e.g. "
+                "torch.arange(seq_len)[None]"
+            )
+        position_ids = position_ids.long()
     check_integer_tensor(
         "position_ids", position_ids, "e.g. torch.arange(seq_len)[None]"
     )
@@ -397,7 +412,7 @@ def _check_call(x: object, position_ids: object, layout: _Layout) -> Tensor:
 
 
 # 16_hugging_face.ipynb, cell 42: The call
-def _arrange(table: Tensor, layout: _Layout) -> Tensor:
+def _arrange(table: Tensor, layout: Layout) -> Tensor:
     """The slots ``[..., S]`` as the family's channels ``[..., W]``."""
     if layout.form == "halves":
         return torch.cat((table, table), dim=-1)
@@ -462,7 +477,7 @@ def _posenc_rotary(module: nn.Module, config: Any) -> HFRotaryEmbedding:
             f"its config is a {type(config).__name__}, not a transformers config"
         )
     cls = type(module)
-    family = _Family(
+    family = Family(
         config.model_type or cls.__name__, config, sys.modules[cls.__module__],
         cls, cls, {},
     )  # fmt: skip
@@ -563,8 +578,8 @@ def rotated_layers(config: Any) -> tuple[int, ...]:
             "layers rotate for one stack of decoder layers only; swap_rotary(model) "
             "keeps each stack's own choice"
         )
-    family = _family(config)
-    found = _rotation_guards(family)
+    family = family_of(config)
+    found = rotation_guards(family)
     if len(found) != 1:
         where = [klass.__name__ for klass, _ in found] or "no forward"
         raise ValueError(
@@ -635,14 +650,14 @@ def rotary_embedding_from_config(
         A ``RotaryEmbedding`` whose rotation of the checkpoint's q and k gives the
         attention scores the family's own code gives.
     """
-    family = _family(config)
+    family = family_of(config)
     tables = HFRotaryEmbedding._of(family)
     if layer_type not in tables.layer_types:
         raise _no_layer_type(
             family.name, layer_type, tables.layer_types, "layer_type= one of"
         )
     layout = tables._layouts[layer_type]
-    _, dropped = _hf_parameters(family, layer_type)
+    _, dropped = hf_parameters(family, layer_type)
     if dropped:
         warnings.warn(
             f"{family.name}'s rope_parameters hold {dropped}, which no rotary table "
@@ -652,7 +667,7 @@ def rotary_embedding_from_config(
         )
     params = dict(layout.params)
     if layout.axes > 1:
-        params["mrope_interleaved"] = _mrope_interleaved(layout)
+        params["mrope_interleaved"] = interleaves_axes(layout)
     qk_layout, head_dim, rotary_dim = _qk_layout(family, tables, layer_type, params)
     _warn_of_skipped_layers(config, family)
     return RotaryEmbedding(
@@ -660,7 +675,7 @@ def rotary_embedding_from_config(
     )
 
 
-def _warn_of_skipped_layers(config: Any, family: _Family) -> None:
+def _warn_of_skipped_layers(config: Any, family: Family) -> None:
     """A warning where the family's attention rotates q and k in some layers
     only, or where posenc cannot tell which (``rotated_layers``)."""
     try:
@@ -680,14 +695,14 @@ def _warn_of_skipped_layers(config: Any, family: _Family) -> None:
 
 # 16_hugging_face.ipynb, cell 70: `rotary_embedding_from_config`
 def _qk_layout(
-    family: _Family, tables: HFRotaryEmbedding, layer_type: str | None, params: dict
+    family: Family, tables: HFRotaryEmbedding, layer_type: str | None, params: dict
 ) -> tuple[str, int, int | None]:
     """The layout of the checkpoint's q and k (``"half"`` or ``"interleaved"``),
     the head_dim the family rotates and the rotary_dim posenc's module takes: the
     one layout whose scores ⟨q_m, k_n⟩ of unit vectors at two positions are those
     of every rotation function of the family's attention."""
     layout = tables._layouts[layer_type]
-    functions = _rotation_functions(family)
+    functions = rotation_functions(family)
     if not functions:
         raise ValueError(
             f"cannot find the function that {family.model.__name__}'s attention "
@@ -695,7 +710,7 @@ def _qk_layout(
             f"{family.module.__name__}): posenc cannot tell the layout of its q and "
             "k channels; HFRotaryEmbedding swaps into the family's own attention"
         )
-    head_dim = _head_dim(family.config, layer_type)
+    head_dim = rotated_head_dim(family.config, layer_type)
     # the rotated channels: from partial_rotary_factor, the whole head
     # (proportional), or the family's frequencies
     free = params["rope_type"] == "proportional" or "partial_rotary_factor" in params
@@ -713,7 +728,7 @@ def _qk_layout(
         )
         for p in (m, n)
     ]
-    theirs = [_scores(fn, at, head_dim, rotated, family) for fn in functions]
+    theirs = [family_scores(fn, at, head_dim, rotated, family) for fn in functions]
     eye = torch.eye(head_dim, dtype=torch.float64).reshape(1, head_dim, 1, head_dim)
     fits = []
     for candidate in ("half", "interleaved"):

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc._checks import check_bool, check_choice, check_count, check_real
-from posenc.sincos._args import _check_freq_args
+from posenc.sincos._args import check_freq_args
 from posenc.sincos.embeddings import (
     detr_sine_encoding,
     sincos_grid,
@@ -64,7 +64,7 @@ class Timesteps(nn.Module):
         max_period: float = 10000,
     ) -> None:
         super().__init__()
-        checked = _check_freq_args(
+        checked = check_freq_args(
             num_channels, downscale_freq_shift, scale, max_period, "num_channels"
         )
         self.num_channels, self.downscale_freq_shift, self.scale, self.max_period = (

@@ -4,7 +4,19 @@
 
 from __future__ import annotations
 
-__all__ = ["ROTARY_LAYOUTS"]
+__all__ = [
+    "ROTARY_LAYOUTS",
+    "RopeSettings",
+    "check_inputs",
+    "check_positions",
+    "check_rope_offset",
+    "check_seq_dim",
+    "given_tables",
+    "length_of",
+    "rope_settings",
+    "setting",
+    "table_positions",
+]
 
 # 15_rotary_conventions.ipynb, cell 34: The arguments
 
@@ -40,7 +52,7 @@ ROTARY_LAYOUTS = ("interleaved", "half")
 
 
 # 15_rotary_conventions.ipynb, cell 35: The arguments
-class _Rope:
+class RopeSettings:
     """The settings of one rotary embedding as plain values: the parameters, the
     rotated width per position axis, the pairs per axis (``()``: one axis), the
     layout; its float64 frequencies, computed once."""
@@ -56,7 +68,7 @@ class _Rope:
         self.widths, self.sections = tuple(widths), tuple(sections)
         #: Qwen2-VL's M-RoPE: positions also [batch, seq_len], as transformers
         self.mrope = "mrope_section" in params
-        self.rotary_dim = sum(self.widths)
+        self.rotary_dim = sum(w + w % 2 for w in self.widths)  # odd: one more
         self.attention = _attention_factor(params)  # YaRN, LongRoPE; else 1.0
         #: the parameters as a string, a constant for torch.compile
         self.description = repr(_frozen(params))
@@ -75,7 +87,7 @@ class _Rope:
         widths: Sequence[int],
         sections: Sequence[int],
         layout: str,
-    ) -> _Rope:
+    ) -> RopeSettings:
         """The settings that ``description`` names (in a torch.compile operator)."""
         items = ast.literal_eval(description)
         params = {k: list(v) if isinstance(v, tuple) else v for k, v in items}
@@ -112,7 +124,7 @@ class _Rope:
 
 
 # 15_rotary_conventions.ipynb, cell 36: The arguments
-def _rope(
+def rope_settings(
     head_dim: int,
     *,
     base: object,
@@ -120,7 +132,7 @@ def _rope(
     rotary_dim: object,
     scaling: object,
     axes_dim: object,
-) -> _Rope:
+) -> RopeSettings:
     """The checked settings: Hugging Face parameters, layout, rotated width, and
     the split of the pairs over position axes (``axes_dim`` or M-RoPE's
     ``mrope_section``)."""
@@ -142,16 +154,16 @@ def _rope(
                 f"{params['rope_type']!r}"
             )
         sections = [w // 2 for w in widths]
-    elif sections is not None and sum(sections) != width // 2:
+    elif sections is not None and sum(sections) != (width + 1) // 2:
         raise ValueError(
-            f"scaling['mrope_section'] must split the {width // 2} pairs of the "
+            f"scaling['mrope_section'] must split the {(width + 1) // 2} pairs of the "
             f"{width} rotated channels, got {sections} (sum {sum(sections)})"
         )
-    return _Rope(params, widths, sections or (), layout)
+    return RopeSettings(params, widths, sections or (), layout)
 
 
 # 15_rotary_conventions.ipynb, cell 38: The arguments
-def _setting(name: str) -> property:
+def setting(name: str) -> property:
     """A read-only attribute of ``RotaryEmbedding``: its cached tables follow it."""
 
     def refuse(module: Any, value: object) -> None:
@@ -165,7 +177,7 @@ def _setting(name: str) -> property:
 
 
 # 15_rotary_conventions.ipynb, cell 39: The arguments
-def _check_seq_dim(seq_dim: object) -> int:
+def check_seq_dim(seq_dim: object) -> int:
     # (a symbolic int while torch.compile traces with dynamic=True; a 0-dim tensor
     # where the legacy ONNX exporter passes forward's default: read as an int)
     if isinstance(seq_dim, Tensor) and torch.jit.is_tracing() and seq_dim.dim() == 0:
@@ -183,7 +195,7 @@ def _check_seq_dim(seq_dim: object) -> int:
 
 
 # 15_rotary_conventions.ipynb, cell 40: The arguments
-def _check_positions(positions: object, rope: _Rope) -> Tensor:
+def check_positions(positions: object, rope: RopeSettings) -> Tensor:
     """Integer positions, >= 0 where their values can be read (a CPU tensor
     outside any trace). M-RoPE also takes Hugging Face's ``[batch, seq_len]``, the
     same position on every axis, expanded to ``[axes, batch, seq_len]`` when
@@ -213,17 +225,17 @@ def _check_positions(positions: object, rope: _Rope) -> Tensor:
 
 
 # 15_rotary_conventions.ipynb, cell 41: The arguments
-def _check_inputs(
+def check_inputs(
     q: object,
     k: object,
     head_dim: int | None,
     seq_dim: int,
     positions: Tensor | None = None,
-    rope: _Rope | None = None,
+    rope: RopeSettings | None = None,
 ) -> None:
     """``q`` and ``k`` (None: one tensor, named x) as queries and keys of
     ``head_dim`` channels (None: any), and ``positions`` (from
-    ``_check_positions``) against q's shape."""
+    ``check_positions``) against q's shape."""
     named = (("q", q), ("k", k)) if k is not None else (("x", q),)
     for name, x in named:
         if not isinstance(x, Tensor):
@@ -248,7 +260,8 @@ def _check_inputs(
     where, heads = "[..., heads, seq_len, head_dim]", -3
     if seq_dim == -3:
         where, heads = "[..., seq_len, heads, head_dim]", -2
-    if k is not None and not (
+    same = k is None or q.shape == k.shape  # the common case, asked first
+    if not same and not (
         q.dim() == k.dim()
         and q.shape[:-3] == k.shape[:-3]
         and q.shape[seq_dim] == k.shape[seq_dim]
@@ -288,7 +301,7 @@ def _check_inputs(
 
 
 # 15_rotary_conventions.ipynb, cell 42: The arguments
-def _given_tables(
+def given_tables(
     x: Tensor, cos: object, sin: object, rotary_dim: object, seq_dim: int, **unused: Any
 ) -> tuple[Tensor, Tensor]:
     """Tables passed to ``apply_rotary``, checked against ``x`` (never broadcast
@@ -342,8 +355,8 @@ def _given_tables(
 
 
 # 15_rotary_conventions.ipynb, cell 43: The arguments
-def _table_positions(
-    positions: object, rope: _Rope, device: Any, batch: int | None = None
+def table_positions(
+    positions: object, rope: RopeSettings, device: Any, batch: int | None = None
 ) -> Tensor:
     """The positions of a table: an int n (``0 .. n-1``) or a checked integer
     tensor (several axes: ``[axes, *]``), on ``device`` (None: where they are).
@@ -363,7 +376,7 @@ def _table_positions(
             f"positions of shape {tuple(positions.shape)} are [axes, seq_len] or "
             f"[batch, seq_len] for a batch of {batch}: pass [axes, batch, seq_len]"
         )
-    positions = _check_positions(positions, rope)
+    positions = check_positions(positions, rope)
     if axes and (positions.dim() < 2 or positions.shape[0] != axes):
         raise ValueError(
             f"multi-axis RoPE ({axes} axes) needs positions [{axes}, ...], got shape "
@@ -373,7 +386,9 @@ def _table_positions(
 
 
 # 15_rotary_conventions.ipynb, cell 44: The arguments
-def _check_offset(offset: object, positions: object, rope: _Rope, name: str) -> int:
+def check_rope_offset(
+    offset: object, positions: object, rope: RopeSettings, name: str
+) -> int:
     """The position of the first token: an int >= 0, or 0 beside ``positions``."""
     if positions is not None:
         if not (isinstance(offset, (int, torch.SymInt)) and offset == 0):
@@ -394,7 +409,7 @@ def _check_offset(offset: object, positions: object, rope: _Rope, name: str) -> 
 
 
 # 15_rotary_conventions.ipynb, cell 45: The arguments
-def _length(positions: Tensor) -> int | None:
+def length_of(positions: Tensor) -> int | None:
     """The largest position + 1, read on the host (on a GPU a synchronisation, as
     in transformers' dynamic update); None where there are no values (meta)."""
     if positions.is_meta:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posenc._cells import method_of
 from posenc._checks import (
     check_choice,
     check_dtype,
@@ -22,19 +23,19 @@ from posenc._checks import (
     check_max_len,
     in_torch_func,
 )
-from posenc._tables import cached_table, is_exporting
+from posenc._tables import TableCache, cached_table, is_exporting
 from posenc.rotary._args import (
     ROTARY_LAYOUTS,
-    _check_inputs,
-    _check_offset,
-    _check_positions,
-    _check_seq_dim,
-    _given_tables,
-    _length,
-    _Rope,
-    _rope,
-    _setting,
-    _table_positions,
+    RopeSettings,
+    check_inputs,
+    check_positions,
+    check_rope_offset,
+    check_seq_dim,
+    given_tables,
+    length_of,
+    rope_settings,
+    setting,
+    table_positions,
 )
 from posenc.sinusoidal.encoding import _round_once
 
@@ -44,6 +45,7 @@ _HALF = (torch.float16, torch.bfloat16)  # rotated in float32, rounded once
 ROUNDINGS = ("once", "each")
 _CHUNK = 1 << 12  # positions per block of float64 angles: a few MiB besides a table
 _STACK_LIMIT = 1 << 16  # q and k of at most this many elements are rotated stacked
+_DYNAMIC_NTK = threading.Lock()  # dynamic NTK's kept lengths: one update at a time
 
 
 # 06_rotary.ipynb, cell 39: The rotation
@@ -69,14 +71,14 @@ def _rotate(
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # per sequence: [batch, 1, ...]
     low = rounding == "once" and x.dtype in _HALF
     xc = x.float() if low else x
-    r = cos.shape[-1]
-    xr = xc[..., :r] if r < xc.shape[-1] else xc
+    r, width = cos.shape[-1], xc.shape[-1]
+    xr = xc[..., :r] if r < width else xc
     if layout == "interleaved":  # pairs (2i, 2i+1): (a, b) -> (b, a)
         swapped = xr.unflatten(-1, (-1, 2)).roll(1, -1).flatten(-2)
     else:  # pairs (i, i + r/2): the halves swapped
         swapped = xr.roll(r // 2, -1)
     out = xr * cos + swapped * sin  # (a, b) cos θ + (b, a) (-sin θ, sin θ)
-    if r < xc.shape[-1]:
+    if r < width:
         out = torch.cat((out, xc[..., r:]), dim=-1)
     return out.to(x.dtype) if low else out
 
@@ -102,7 +104,7 @@ def _signed(sin: Tensor, layout: str, in_place: bool = False) -> Tensor:
 
 # 06_rotary.ipynb, cell 42: The tables
 def _tables_at(
-    rope: _Rope, positions: Tensor, dtype: torch.dtype, seq_len: int | None = None,
+    rope: RopeSettings, positions: Tensor, dtype: torch.dtype, seq_len: int | None = None,
     traced: bool = True,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """cos and sin of θ_{p,i} = p·ω_i for ``positions [*shape]`` (several axes:
@@ -144,7 +146,7 @@ def _tables_at(
 
 # 06_rotary.ipynb, cell 43: The tables
 def _values(
-    rope: _Rope, omega: Tensor, positions: Tensor, dtype: torch.dtype
+    rope: RopeSettings, omega: Tensor, positions: Tensor, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     """cos θ and sin θ, θ_{p,i} = p·ω_i, once per pair, rounded once to ``dtype``:
     ``[n, r/2]`` for ``positions [n]`` (several axes: ``[axes, n]``)."""
@@ -182,8 +184,8 @@ def _tables_described(
     dtype: torch.dtype,
     seq_len: int,
 ) -> tuple[Tensor, Tensor]:
-    """``_tables_at`` for the settings that ``_Rope.description`` names."""
-    rope = _Rope.from_description(description, widths, sections, layout)
+    """``_tables_at`` for the settings that ``RopeSettings.description`` names."""
+    rope = RopeSettings.from_description(description, widths, sections, layout)
     length = None if seq_len < 0 else seq_len
     return _tables_at(rope, positions, dtype, length, traced=False)
 
@@ -259,14 +261,14 @@ def rotary_cos_sin(
         sin θ of the pair each channel belongs to, times the attention factor.
     """
     head_dim = check_even("head_dim", head_dim, "channels per head", "128")
-    rope = _rope(
+    rope = rope_settings(
         head_dim, base=base, layout=layout, rotary_dim=rotary_dim, scaling=scaling,
         axes_dim=axes_dim,
     )  # fmt: skip
     dtype = check_dtype(dtype)
     rope.check_traceable()
-    positions = _table_positions(positions, rope, device)
-    seq_len = _length(positions) if rope.dynamic else None
+    positions = table_positions(positions, rope, device)
+    seq_len = length_of(positions) if rope.dynamic else None
     return _tables_at(rope, positions, dtype, seq_len)
 
 
@@ -279,7 +281,7 @@ def _compute_dtype(x: Tensor, rounding: str = "once") -> torch.dtype:
 
 
 # 06_rotary.ipynb, cell 49: The functions
-def _rope_of(x: Tensor, rotary_dim: object, **settings: Any) -> _Rope:
+def _rope_of(x: Tensor, rotary_dim: object, **settings: Any) -> RopeSettings:
     """``apply_rotary``'s settings for the heads of ``x``, checked."""
     if rotary_dim is None and x.shape[-1] % 2:
         raise ValueError(
@@ -287,24 +289,24 @@ def _rope_of(x: Tensor, rotary_dim: object, **settings: Any) -> _Rope:
             f"pairs, got shape {tuple(x.shape)}; pass an even rotary_dim < "
             f"{x.shape[-1]} to rotate only the first channels"
         )
-    rope = _rope(x.shape[-1], rotary_dim=rotary_dim, **settings)
+    rope = rope_settings(x.shape[-1], rotary_dim=rotary_dim, **settings)
     rope.check_traceable()
     return rope
 
 
 # 06_rotary.ipynb, cell 50: The functions
 def _positions_of(
-    x: Tensor, positions: object, rope: _Rope, seq_dim: int
+    x: Tensor, positions: object, rope: RopeSettings, seq_dim: int
 ) -> tuple[Tensor, int | None]:
     """The positions of ``x``'s tokens, on x's device: ``positions`` checked, or
     ``offset, offset + 1, ...`` for an int offset (None: 0); and the sequence
     length of dynamic NTK's frequencies (None: any other rope_type)."""
     if isinstance(positions, Tensor):
-        positions = _check_positions(positions, rope)
-        _check_inputs(x, None, None, seq_dim, positions, rope)
-        seq_len = _length(positions) if rope.dynamic else None
+        positions = check_positions(positions, rope)
+        check_inputs(x, None, None, seq_dim, positions, rope)
+        seq_len = length_of(positions) if rope.dynamic else None
         return positions.to(x.device), seq_len
-    offset = _check_offset(
+    offset = check_rope_offset(
         0 if positions is None else positions, None, rope, "positions"
     )
     end = offset + x.shape[seq_dim]
@@ -369,12 +371,12 @@ def apply_rotary(
     Returns:
         Tensor of ``x``'s shape, dtype and device.
     """
-    seq_dim = _check_seq_dim(seq_dim)
-    _check_inputs(x, None, None, seq_dim)
+    seq_dim = check_seq_dim(seq_dim)
+    check_inputs(x, None, None, seq_dim)
     check_choice("rounding", rounding, ROUNDINGS)
     if cos is not None or sin is not None:
         check_choice("layout", layout, ROTARY_LAYOUTS)
-        cos, sin = _given_tables(
+        cos, sin = given_tables(
             x, cos, sin, rotary_dim, seq_dim, positions=positions, base=base,
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
@@ -409,11 +411,11 @@ def _frequency_length(
     if not rope.dynamic:
         return None
     if positions is not None:
-        end = _length(positions)
+        end = length_of(positions)
         if end is None:  # no values to read (meta): the kept length
             return module._seq_len
     original = rope.params["max_position_embeddings"]
-    with module._lock:  # one update at a time
+    with _DYNAMIC_NTK:  # one update at a time
         kept = max(module._seq_len or original, end)
         if end < original:
             kept = original
@@ -432,12 +434,12 @@ def _checked(
 ) -> tuple[int, Tensor | None, int]:
     """The arguments of ``module.forward(x, k, ...)`` (k None: of ``rotate``),
     checked: ``(offset, positions, seq_dim)``."""
-    rope, seq_dim = module._rope, _check_seq_dim(seq_dim)
+    rope, seq_dim = module._rope, check_seq_dim(seq_dim)
     if positions is not None:
-        positions = _check_positions(positions, rope)
-    _check_inputs(x, k, module.head_dim, seq_dim, positions, rope)
+        positions = check_positions(positions, rope)
+    check_inputs(x, k, module.head_dim, seq_dim, positions, rope)
     rope.check_traceable()
-    return _check_offset(offset, positions, rope, "offset"), positions, seq_dim
+    return check_rope_offset(offset, positions, rope, "offset"), positions, seq_dim
 
 
 # 06_rotary.ipynb, cell 55: The module
@@ -457,7 +459,7 @@ def _table_args(
 
 
 # 06_rotary.ipynb, cell 56: The module
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(TableCache, nn.Module):
     """Rotary position embeddings for queries and keys, with a cached table.
 
     ``forward(q, k)`` returns ``apply_rotary(q)`` and ``apply_rotary(k)`` with this
@@ -472,16 +474,13 @@ class RotaryEmbedding(nn.Module):
     :meth:`from_hf_config` reads it from a transformers config.
 
     ``dynamic`` NTK keeps, as transformers' ``dynamic_rope_update``, the longest
-    sequence seen since it last fell back below ``max_position_embeddings``. It is
-    updated one call at a time, but calls from several threads see the order the
-    threads' timing gives them: give each thread its own module where that
-    matters. It reads the largest position on the host, which torch.compile cannot
-    trace:
-    with ``fullgraph=True`` a compiled call raises a ValueError; without, dynamo
-    breaks the graph and the call runs as in eager mode (same result and state).
-    ``longrope`` takes its long factors for a call whose largest position is past
-    the original context, on the device (``torch.where``, as transformers): it
-    compiles with ``fullgraph=True``. Compiled calls skip the value checks.
+    sequence seen since it last fell back below ``max_position_embeddings``,
+    updated one call at a time (threads see the order their timing gives: give
+    each its own module where that matters). It reads the largest position on the
+    host: compiled with ``fullgraph=True`` a call raises a ValueError, without it
+    runs eagerly (same result and state). ``longrope`` picks its long factors on
+    the device (``torch.where``, as transformers) and compiles with
+    ``fullgraph=True``. Compiled calls skip the value checks.
 
     Args:
         head_dim: channels per attention head, a positive even int.
@@ -498,11 +497,11 @@ class RotaryEmbedding(nn.Module):
         - output: ``(q, k)`` rotated, with their shapes, dtypes and device.
     """
 
-    head_dim, rotary_dim = _setting("head_dim"), _setting("rotary_dim")
-    layout, base = _setting("layout"), _setting("base")
-    rope_type, max_len = _setting("rope_type"), _setting("max_len")
-    axes_dim, rounding = _setting("axes_dim"), _setting("rounding")
-    attention_factor = _setting("attention_factor")  # YaRN, LongRoPE; else 1.0
+    head_dim, rotary_dim = setting("head_dim"), setting("rotary_dim")
+    layout, base = setting("layout"), setting("base")
+    rope_type, max_len = setting("rope_type"), setting("max_len")
+    axes_dim, rounding = setting("axes_dim"), setting("rounding")
+    attention_factor = setting("attention_factor")  # YaRN, LongRoPE; else 1.0
 
     def __init__(
         self,
@@ -518,7 +517,7 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         head_dim = check_even("head_dim", head_dim, "channels per head", "128")
-        self._rope = rope = _rope(
+        self._rope = rope = rope_settings(
             head_dim, base=base, layout=layout, rotary_dim=rotary_dim,
             scaling=scaling, axes_dim=axes_dim,
         )  # fmt: skip
@@ -535,153 +534,162 @@ class RotaryEmbedding(nn.Module):
         # dynamic NTK: the longest sequence kept (None: the original frequencies);
         # longrope: the last call's length
         self._seq_len: int | Tensor | None = None
-        self._lock = threading.Lock()  # dynamic NTK's state, one update at a time
         # (device, dtype) -> (cos, sin), each [max_len, rotary_dim]
         self._tables: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
 
-    def extra_repr(self) -> str:
-        names = ["head_dim", "rotary_dim", "base", "layout", "max_len", "rope_type"]
-        names = names if self.rope_type != "default" else names[:-1]
-        names += ["rounding"] if self.rounding != "once" else []
-        text = ", ".join(f"{name}={self._settings[name]!r}" for name in names)
-        sections = self._rope.sections
-        return text + (f", sections={list(sections)}" if sections else "")
 
-    @property
-    def frequencies(self) -> Tensor:
-        """A copy of the float64 ω_i in use, ``[rotary_dim / 2]`` (dynamic NTK: after
-        the last call's update; longrope: those of the last call)."""
-        n = self._seq_len
-        omega = self._rope.frequencies(int(n) if n is not None else None)
-        return (omega.sum(0) if self._rope.sections else omega).clone()
+# 06_rotary.ipynb, cell 57: The module
+@method_of(RotaryEmbedding)
+def forward(
+    self: RotaryEmbedding,
+    q: Tensor,
+    k: Tensor,
+    offset: int = 0,
+    positions: Tensor | None = None,
+    seq_dim: int = -2,
+) -> tuple[Tensor, Tensor]:
+    """Rotate queries and keys by their positions.
 
-    def __getstate__(self) -> dict[str, Any]:  # pickles keep no table and no lock
-        state = {k: v for k, v in super().__getstate__().items() if k != "_lock"}
-        return {**state, "_tables": {}}
+    Args:
+        q: queries, ``[..., heads, seq_len, head_dim]`` (``seq_dim=-2``) or
+            ``[..., seq_len, heads, head_dim]`` (``seq_dim=-3``), any floating
+            dtype.
+        k: keys, the same leading, sequence and last dimensions as ``q``, with
+            ``heads`` a multiple of k's heads (grouped-query attention).
+        offset: position of the first token, an int >= 0 (decoding with a KV
+            cache). Must be 0 when ``positions`` is given.
+        positions: optional integer tensor of positions, ``[seq_len]`` (shared)
+            or ``[batch, seq_len]`` (per sequence: packing, left padding);
+            several axes: ``[axes, seq_len]``, ``[axes, batch, seq_len]``, or
+            ``[batch, seq_len]`` (batch != axes) for the same position on every
+            axis.
+        seq_dim: the axis holding the sequence, -2 or -3.
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._lock = threading.Lock()
+    Returns:
+        ``(q, k)`` rotated: the shapes, dtypes and device of the inputs.
+    """
+    offset, positions, seq_dim = _checked(self, q, k, offset, positions, seq_dim)
+    cos, sin = self._rows(q, offset, positions, seq_dim)
+    layout, rounding = self._rope.layout, self.rounding
+    small = not torch.compiler.is_compiling() and q.numel() <= _STACK_LIMIT
+    if small and q.shape == k.shape and q.dtype == k.dtype:
+        # a decoding step: q and k rotated as one tensor, half the kernel launches
+        qk = torch.stack((q, k))
+        return _rotate(qk, cos, sin, layout, seq_dim, q.dim(), rounding).unbind(0)
+    q_out = _rotate(q, cos, sin, layout, seq_dim, 0, rounding)
+    # k's own rows where its compute dtype differs: q's would round twice
+    if _compute_dtype(k, rounding) != cos.dtype:
+        cos, sin = self._rows(k, offset, positions, seq_dim)
+    return q_out, _rotate(k, cos, sin, layout, seq_dim, 0, rounding)
 
-    def _build_table(
-        self, device: torch.device, dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        """cos and sin of positions ``0 .. _cached_len - 1``, each ``[_cached_len,
-        rotary_dim]`` (kept by ``posenc._tables.cached_table``)."""
-        positions = torch.arange(self._cached_len, device=device)
-        cos, sin = _tables_at(self._rope, positions, dtype)
-        return cos, _signed(sin, self._rope.layout, in_place=True)
 
-    def _rows(
-        self, x: Tensor, offset: int, positions: Tensor | None, seq_dim: int
-    ) -> tuple[Tensor, Tensor]:
-        """The tables of ``x``'s tokens, of ``positions`` or of ``offset ..
-        offset + seq_len - 1``, in x's compute dtype, on its device: rows of the
-        cached table where one serves the call (``cached_table``'s rules)."""
-        dtype, end = _compute_dtype(x, self.rounding), offset + x.shape[seq_dim]
-        seq_len = _frequency_length(self, positions, end)
-        if positions is None:
-            # no table under torch.export (asked first: no guard on end)
-            if seq_len is None and not is_exporting() and end <= self._cached_len:
-                like = x if x.dtype == dtype else x.new_empty(0, dtype=dtype)
-                table = cached_table(self, like)
-                if table is not None:
-                    return table[0][offset:end], table[1][offset:end]
-            positions = torch.arange(offset, end, device=x.device)
-        cos, sin = _tables_at(self._rope, positions.to(x.device), dtype, seq_len)
-        return cos, _signed(sin, self._rope.layout)
+@method_of(RotaryEmbedding)
+def rotate(
+    self: RotaryEmbedding,
+    x: Tensor,
+    *,
+    offset: int = 0,
+    positions: Tensor | None = None,
+    seq_dim: int = -2,
+) -> Tensor:
+    """Rotate one tensor (queries, or keys before they enter a KV cache) by its
+    positions, with the arguments of :meth:`forward`.
 
-    def cos_sin(
-        self,
-        positions: int | Tensor,
-        x: Tensor | None = None,
-        *,
-        dtype: torch.dtype | None = None,
-        device: torch.device | str | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """This module's tables, those ``forward`` rotates with.
+    Args:
+        x: ``[..., seq_len, head_dim]`` (or with ``seq_dim=-3``), any dtype.
 
-        Called as transformers' ``rotary_emb(x, position_ids)`` they are the
-        ``[batch, seq_len, rotary_dim]`` tables of ``apply_rotary_pos_emb``, in x's
-        dtype, on its device (dynamic NTK updates its length as ``forward`` does).
+    Returns:
+        ``x`` rotated: its shape, dtype and device.
+    """
+    offset, positions, seq_dim = _checked(self, x, None, offset, positions, seq_dim)
+    cos, sin = self._rows(x, offset, positions, seq_dim)
+    return _rotate(x, cos, sin, self._rope.layout, seq_dim, 0, self.rounding)
 
-        Args:
-            positions: an int ``n`` (positions ``0 .. n-1``) or an integer tensor
-                ``[*]`` (several axes: ``[axes, *]``; M-RoPE: ``[batch, seq_len]``).
-            x: optional tensor (e.g. the hidden states) whose dtype and device the
-                tables take, unless ``dtype`` or ``device`` is given (default:
-                float32, the positions' device).
 
-        Returns:
-            ``(cos, sin)``, each ``[n, rotary_dim]`` for an int ``n``,
-            ``[*positions.shape, rotary_dim]`` for a tensor (multi-axis: without
-            the leading axes dimension).
-        """
-        dtype, device, batch = _table_args(x, dtype, device)
-        positions = _table_positions(positions, self._rope, device, batch)
-        self._rope.check_traceable()
-        seq_len = _frequency_length(self, positions, 0)
-        return _tables_at(self._rope, positions, dtype, seq_len)
+# 06_rotary.ipynb, cell 58: The module
+@method_of(RotaryEmbedding)
+def cos_sin(
+    self: RotaryEmbedding,
+    positions: int | Tensor,
+    x: Tensor | None = None,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """This module's tables, those ``forward`` rotates with.
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        offset: int = 0,
-        positions: Tensor | None = None,
-        seq_dim: int = -2,
-    ) -> tuple[Tensor, Tensor]:
-        """Rotate queries and keys by their positions.
+    Called as transformers' ``rotary_emb(x, position_ids)`` they are the
+    ``[batch, seq_len, rotary_dim]`` tables of ``apply_rotary_pos_emb``, in x's
+    dtype, on its device (dynamic NTK updates its length as ``forward`` does).
 
-        Args:
-            q: queries, ``[..., heads, seq_len, head_dim]`` (``seq_dim=-2``) or
-                ``[..., seq_len, heads, head_dim]`` (``seq_dim=-3``), any floating
-                dtype.
-            k: keys, the same leading, sequence and last dimensions as ``q``, with
-                ``heads`` a multiple of k's heads (grouped-query attention).
-            offset: position of the first token, an int >= 0 (decoding with a KV
-                cache). Must be 0 when ``positions`` is given.
-            positions: optional integer tensor of positions, ``[seq_len]`` (shared)
-                or ``[batch, seq_len]`` (per sequence: packing, left padding);
-                several axes: ``[axes, seq_len]``, ``[axes, batch, seq_len]``, or
-                ``[batch, seq_len]`` (batch != axes) for the same position on every
-                axis.
-            seq_dim: the axis holding the sequence, -2 or -3.
+    Args:
+        positions: an int ``n`` (positions ``0 .. n-1``) or an integer tensor
+            ``[*]`` (several axes: ``[axes, *]``; M-RoPE: ``[batch, seq_len]``).
+        x: optional tensor (e.g. the hidden states) whose dtype and device the
+            tables take, unless ``dtype`` or ``device`` is given (default:
+            float32, the positions' device).
 
-        Returns:
-            ``(q, k)`` rotated: the shapes, dtypes and device of the inputs.
-        """
-        offset, positions, seq_dim = _checked(self, q, k, offset, positions, seq_dim)
-        cos, sin = self._rows(q, offset, positions, seq_dim)
-        layout, rounding = self._rope.layout, self.rounding
-        small = not torch.compiler.is_compiling() and q.numel() <= _STACK_LIMIT
-        if small and q.shape == k.shape and q.dtype == k.dtype:
-            # a decoding step: q and k rotated as one tensor, half the kernel launches
-            qk = torch.stack((q, k))
-            return _rotate(qk, cos, sin, layout, seq_dim, q.dim(), rounding).unbind(0)
-        q_out = _rotate(q, cos, sin, layout, seq_dim, 0, rounding)
-        # k's own rows where its compute dtype differs: q's would round twice
-        if _compute_dtype(k, rounding) != cos.dtype:
-            cos, sin = self._rows(k, offset, positions, seq_dim)
-        return q_out, _rotate(k, cos, sin, layout, seq_dim, 0, rounding)
+    Returns:
+        ``(cos, sin)``, each ``[n, rotary_dim]`` for an int ``n``,
+        ``[*positions.shape, rotary_dim]`` for a tensor (multi-axis: without
+        the leading axes dimension).
+    """
+    dtype, device, batch = _table_args(x, dtype, device)
+    positions = table_positions(positions, self._rope, device, batch)
+    self._rope.check_traceable()
+    seq_len = _frequency_length(self, positions, 0)
+    return _tables_at(self._rope, positions, dtype, seq_len)
 
-    def rotate(
-        self,
-        x: Tensor,
-        *,
-        offset: int = 0,
-        positions: Tensor | None = None,
-        seq_dim: int = -2,
-    ) -> Tensor:
-        """Rotate one tensor (queries, or keys before they enter a KV cache) by its
-        positions, with the arguments of :meth:`forward`.
 
-        Args:
-            x: ``[..., seq_len, head_dim]`` (or with ``seq_dim=-3``), any dtype.
+@method_of(RotaryEmbedding)
+@property
+def frequencies(self: RotaryEmbedding) -> Tensor:
+    """A copy of the float64 ω_i in use, ``[rotary_dim / 2]`` (dynamic NTK: after
+    the last call's update; longrope: those of the last call)."""
+    n = self._seq_len
+    omega = self._rope.frequencies(int(n) if n is not None else None)
+    return (omega.sum(0) if self._rope.sections else omega).clone()
 
-        Returns:
-            ``x`` rotated: its shape, dtype and device.
-        """
-        offset, positions, seq_dim = _checked(self, x, None, offset, positions, seq_dim)
-        cos, sin = self._rows(x, offset, positions, seq_dim)
-        return _rotate(x, cos, sin, self._rope.layout, seq_dim, 0, self.rounding)
+
+# 06_rotary.ipynb, cell 59: The module
+@method_of(RotaryEmbedding)
+def _rows(
+    self: RotaryEmbedding, x: Tensor, offset: int, positions: Tensor | None,
+    seq_dim: int,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The tables of ``x``'s tokens, of ``positions`` or of ``offset ..
+    offset + seq_len - 1``, in x's compute dtype, on its device: rows of the
+    cached table where one serves the call (``cached_table``'s rules)."""
+    dtype, end = _compute_dtype(x, self.rounding), offset + x.shape[seq_dim]
+    seq_len = _frequency_length(self, positions, end)
+    if positions is None:
+        # no table under torch.export (asked first: no guard on end)
+        if seq_len is None and not is_exporting() and end <= self._cached_len:
+            like = x if x.dtype == dtype else x.new_empty(0, dtype=dtype)
+            table = cached_table(self, like)
+            if table is not None:
+                return table[0][offset:end], table[1][offset:end]
+        positions = torch.arange(offset, end, device=x.device)
+    cos, sin = _tables_at(self._rope, positions.to(x.device), dtype, seq_len)
+    return cos, _signed(sin, self._rope.layout)
+
+
+@method_of(RotaryEmbedding)
+def _build_table(
+    self: RotaryEmbedding, device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of positions ``0 .. _cached_len - 1``, each ``[_cached_len,
+    rotary_dim]`` (kept by ``posenc._tables.cached_table``)."""
+    positions = torch.arange(self._cached_len, device=device)
+    cos, sin = _tables_at(self._rope, positions, dtype)
+    return cos, _signed(sin, self._rope.layout, in_place=True)
+
+
+@method_of(RotaryEmbedding)
+def extra_repr(self: RotaryEmbedding) -> str:
+    names = ["head_dim", "rotary_dim", "base", "layout", "max_len", "rope_type"]
+    names = names if self.rope_type != "default" else names[:-1]
+    names += ["rounding"] if self.rounding != "once" else []
+    text = ", ".join(f"{name}={self._settings[name]!r}" for name in names)
+    sections = self._rope.sections
+    return text + (f", sections={list(sections)}" if sections else "")

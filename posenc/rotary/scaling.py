@@ -346,9 +346,10 @@ def _check_longrope(params: dict[str, Any]) -> None:
 # 14_rope_scaling.ipynb, cell 30: The rotated channels
 def _rotated_width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
     """The number of rotated channels: ``rotary_dim``, or ``int(head_dim *
-    partial_rotary_factor)`` as transformers computes it, or ``head_dim`` (and
-    always ``head_dim`` for ``proportional``, whose unrotated pairs turn at frequency
-    0). Checks that longrope's factors hold one number per pair."""
+    partial_rotary_factor)`` as transformers computes it (the d of base^(-2i/d); odd,
+    one channel more rotates), or ``head_dim`` (and always ``head_dim`` for
+    ``proportional``, whose unrotated pairs turn at frequency 0). Checks that
+    longrope's factors hold one number per pair."""
     width = _width(head_dim, params, rotary_dim)
     if params["rope_type"] == "longrope":
         for key in ("short_factor", "long_factor"):
@@ -383,11 +384,15 @@ def _width(head_dim: int, params: dict[str, Any], rotary_dim: object) -> int:
             f"rotary_dim={rotary_dim} disagrees with scaling['partial_rotary_factor']="
             f"{factor} (int({head_dim} * {factor}) = {from_factor}); pass only one"
         )
-    if from_factor < 2 or from_factor % 2:
+    odd = from_factor % 2 and params["rope_type"] not in ("default", "linear")
+    if from_factor < 1 or odd:
         raise ValueError(
             f"int(head_dim * partial_rotary_factor) = int({head_dim} * {factor}) = "
-            f"{from_factor} must be a positive even number of channels"
+            f"{from_factor} must be a positive number of channels, even for rope_type "
+            f"{params['rope_type']!r} (odd only for 'default' and 'linear')"
         )
+    # odd, as transformers' arange(0, dim, 2) / dim: ceil(dim / 2) pairs turn at
+    # base^(-2i/dim), so dim + 1 channels rotate
     return from_factor
 
 

@@ -4,7 +4,13 @@
 
 from __future__ import annotations
 
-__all__ = ["GRID_AXES", "check_detr_args", "check_grid_args", "check_timestep_args"]
+__all__ = [
+    "GRID_AXES",
+    "check_detr_args",
+    "check_freq_args",
+    "check_grid_args",
+    "check_timestep_args",
+]
 
 # 07_timesteps_and_grids.ipynb, cell 47: Argument checks
 
@@ -48,7 +54,7 @@ def check_timestep_args(
     """``timestep_embedding``'s arguments, checked, in its order: ``(timesteps,
     dim, flip_sin_to_cos, downscale_freq_shift, scale, max_period, dtype)``,
     ``dtype`` None giving float32."""
-    dim, shift, scale, max_period = _check_freq_args(
+    dim, shift, scale, max_period = check_freq_args(
         dim, downscale_freq_shift, scale, max_period
     )
     t = _check_timesteps(timesteps, scale)
@@ -104,7 +110,7 @@ def _check_timesteps(timesteps: object, scale: float = 1.0) -> Tensor:
 
 
 # 07_timesteps_and_grids.ipynb, cell 50: Argument checks
-def _check_freq_args(
+def check_freq_args(
     dim: object, shift: object, scale: object, max_period: object, name: str = "dim"
 ) -> tuple[int, float, float, float]:
     """``(dim, downscale_freq_shift, scale, max_period)``, validated; ``name``: the

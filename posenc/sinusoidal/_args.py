@@ -6,7 +6,7 @@ from __future__ import annotations
 
 __all__ = ["check_forward", "check_settings"]
 
-# 02_module.ipynb, cell 42: Implementation details: the argument checks
+# 02_module.ipynb, cell 46: Implementation details: the argument checks
 
 import torch
 from torch import Tensor
@@ -25,7 +25,7 @@ from posenc._checks import (
 from posenc.sinusoidal.encoding import LAYOUTS, SCHEDULES
 
 
-# 02_module.ipynb, cell 43: Implementation details: the argument checks
+# 02_module.ipynb, cell 47: Implementation details: the argument checks
 def check_settings(
     d_model: object,
     max_len: object,
@@ -47,7 +47,7 @@ def check_settings(
     }
 
 
-# 02_module.ipynb, cell 44: Implementation details: the argument checks
+# 02_module.ipynb, cell 48: Implementation details: the argument checks
 def check_forward(
     x: object, offset: object, positions: object, d_model: int, batch_first: bool
 ) -> int | Tensor:
@@ -75,7 +75,7 @@ def check_forward(
     return offset
 
 
-# 02_module.ipynb, cell 45: Implementation details: the argument checks
+# 02_module.ipynb, cell 49: Implementation details: the argument checks
 def _check_embeddings(x: object, d_model: int, batch_first: bool) -> None:
     """``x`` is a floating ``[seq_len, batch, d_model]`` tensor (or batch-first)."""
     if not isinstance(x, Tensor):
@@ -106,7 +106,7 @@ def _check_embeddings(x: object, d_model: int, batch_first: bool) -> None:
     check_computable("x", x, "convert with x.float()")
 
 
-# 02_module.ipynb, cell 46: Implementation details: the argument checks
+# 02_module.ipynb, cell 50: Implementation details: the argument checks
 def _check_positions(
     positions: object, x: Tensor, seq_len: int, batch_first: bool
 ) -> Tensor:

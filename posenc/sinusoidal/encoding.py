@@ -13,7 +13,7 @@ __all__ = [
     "sinusoidal_encoding",
 ]
 
-# 01_derivation.ipynb, cell 67: The exported functions
+# 01_derivation.ipynb, cell 65: The exported functions
 
 import torch
 from torch import Tensor
@@ -33,7 +33,7 @@ LAYOUTS = ("interleaved", "half")
 SCHEDULES = ("paper", "tensor2tensor")
 
 
-# 01_derivation.ipynb, cell 69: Argument checks
+# 01_derivation.ipynb, cell 67: Argument checks
 def check_table_args(
     d_model: object,
     base: object,
@@ -55,7 +55,7 @@ def check_table_args(
     return d_model, base
 
 
-# 01_derivation.ipynb, cell 71: The frequencies
+# 01_derivation.ipynb, cell 69: The frequencies
 def frequencies(
     d_model: int,
     *,
@@ -112,7 +112,7 @@ def _omega(d_model: int, base: float, schedule: str) -> Tensor:
     return omega
 
 
-# 01_derivation.ipynb, cell 75: The formula
+# 01_derivation.ipynb, cell 73: The formula
 def _encode(
     p: Tensor,
     d_model: int,
@@ -136,7 +136,7 @@ def _encode(
     return torch.cat((sin, cos[..., : d_model // 2]), dim=-1)
 
 
-# 01_derivation.ipynb, cell 77: The public function
+# 01_derivation.ipynb, cell 75: The public function
 def sinusoidal_encoding(
     positions: int | Tensor,
     d_model: int,
@@ -190,7 +190,7 @@ def sinusoidal_encoding(
     return _encoding_rows(p, d_model, base, layout, schedule, dtype)
 
 
-# 01_derivation.ipynb, cell 78: The public function
+# 01_derivation.ipynb, cell 76: The public function
 def _float64_positions(
     positions: int | Tensor, d_model: int, device: torch.device | str | None
 ) -> Tensor:
@@ -235,7 +235,7 @@ def _float64_positions(
     return torch.arange(positions, dtype=torch.float64, device=device)
 
 
-# 01_derivation.ipynb, cell 80: In blocks of positions
+# 01_derivation.ipynb, cell 78: In blocks of positions
 #: The least working memory, in bytes, a table build may use at once besides
 #: its result: larger tables are built in blocks of rows whose float64
 #: temporaries stay within max(CHUNK_BYTES, a quarter of the result).
@@ -245,7 +245,7 @@ CHUNK_BYTES = 8 * 2**20
 _WORK_BYTES = 48
 
 
-# 01_derivation.ipynb, cell 81: In blocks of positions
+# 01_derivation.ipynb, cell 79: In blocks of positions
 def _row_ranges(
     rows: int, row_entries: int, result_bytes: int
 ) -> list[tuple[int, int]]:
@@ -260,7 +260,7 @@ def _row_ranges(
     return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-# 01_derivation.ipynb, cell 82: In blocks of positions
+# 01_derivation.ipynb, cell 80: In blocks of positions
 def _encoding_rows(
     p: Tensor, d_model: int, base: float, layout: str, schedule: str,
     dtype: torch.dtype, chunked: bool = True,
@@ -284,7 +284,7 @@ def _encoding_rows(
     return out.view(*p.shape, d_model)
 
 
-# 01_derivation.ipynb, cell 84: Rounded once
+# 01_derivation.ipynb, cell 82: Rounded once
 def _round_once(x: Tensor, dtype: torch.dtype) -> Tensor:
     """Round float64 ``x`` to ``dtype`` once (to nearest, ties to even).
 

@@ -6,21 +6,25 @@ from __future__ import annotations
 
 __all__ = ["PositionalEncoding", "get_positional_encoding"]
 
-# 02_module.ipynb, cell 11: The exported module
-
-from typing import Any
+# 02_module.ipynb, cell 12: The exported module
 
 import torch
 from torch import Tensor, nn
 
+from posenc._cells import method_of
 from posenc._checks import check_count, check_max_len, in_torch_func
 from posenc._compat import ClassicCompat, dropout_probability
-from posenc._tables import assume_constant_result, cached_table, is_exporting
+from posenc._tables import (
+    TableCache,
+    assume_constant_result,
+    cached_table,
+    is_exporting,
+)
 from posenc.sinusoidal._args import check_forward, check_settings
 from posenc.sinusoidal.encoding import _encoding_rows, _row_ranges, sinusoidal_encoding
 
 
-# 02_module.ipynb, cell 12: The exported module
+# 02_module.ipynb, cell 13: The exported module
 def _setting(name: str, doc: str) -> property:
     """A read-only attribute: the cached tables follow the settings."""
 
@@ -34,8 +38,8 @@ def _setting(name: str, doc: str) -> property:
     return property(lambda module: module._settings[name], refuse, doc=doc)
 
 
-# 02_module.ipynb, cell 13: The exported module
-class PositionalEncoding(ClassicCompat, nn.Module):
+# 02_module.ipynb, cell 14: The exported module
+class PositionalEncoding(ClassicCompat, TableCache, nn.Module):
     """Add the sinusoidal positional encoding to a batch of embeddings, then dropout.
 
     With the default ``layout`` and ``schedule``, PE[p, 2i] = sin(p·ω_i) and
@@ -60,9 +64,8 @@ class PositionalEncoding(ClassicCompat, nn.Module):
     ``load_state_dict`` raise an error naming the key, since its values would be
     lost.
 
-    The settings (``d_model``, ``max_len``, ``base``, ``batch_first``, ``layout``,
-    ``schedule``) are read-only after construction: the cached tables follow
-    them. The dropout probability, ``module.dropout.p``, may change.
+    The settings are read-only (the cached tables follow them); the dropout
+    probability, ``module.dropout.p``, may change.
 
     Args:
         d_model: embedding width d, a positive int.
@@ -116,110 +119,127 @@ class PositionalEncoding(ClassicCompat, nn.Module):
         # state_dict, never broadcast by DDP, built once per key.
         self._tables: dict[tuple[torch.device, torch.dtype], Tensor] = {}
 
-    def forward(
-        self, x: Tensor, offset: int | Tensor = 0, positions: Tensor | None = None
-    ) -> Tensor:
-        """Return ``dropout(x + PE)``.
 
-        Args:
-            x: embeddings, ``[seq_len, batch, d_model]`` (or
-                ``[batch, seq_len, d_model]`` with ``batch_first=True``), any floating
-                dtype.
-            offset: position of ``x``'s first token, an int in [0, 2^53] or a 0-d
-                integer tensor (decoding with a KV cache, sequence shards). Must be 0
-                when ``positions`` is given.
-            positions: optional integer tensor of explicit positions, ``[seq_len]``
-                (shared by the batch) or ``[batch, seq_len]`` (per sequence: packing,
-                left padding), on any device.
+# 02_module.ipynb, cell 15: The exported module
+@method_of(PositionalEncoding)
+def forward(
+    self: PositionalEncoding,
+    x: Tensor,
+    offset: int | Tensor = 0,
+    positions: Tensor | None = None,
+) -> Tensor:
+    """Return ``dropout(x + PE)``.
 
-        Returns:
-            Tensor of ``x``'s shape, dtype and device.
+    Args:
+        x: embeddings, ``[seq_len, batch, d_model]`` (or
+            ``[batch, seq_len, d_model]`` with ``batch_first=True``), any floating
+            dtype.
+        offset: position of ``x``'s first token, an int in [0, 2^53] or a 0-d
+            integer tensor (decoding with a KV cache, sequence shards). Must be 0
+            when ``positions`` is given.
+        positions: optional integer tensor of explicit positions, ``[seq_len]``
+            (shared by the batch) or ``[batch, seq_len]`` (per sequence: packing,
+            left padding), on any device.
 
-        Values are checked where reading them costs nothing: an int ``offset``
-        always (under torch.compile too), tensor offsets and ``positions`` only on
-        the CPU in eager mode. On a GPU (where a read would synchronise with the
-        host) and under torch.compile or torch.export they are not read, and a
-        negative one gives the encoding of that negative position.
-        """
-        start = check_forward(x, offset, positions, self.d_model, self.batch_first)
-        if isinstance(start, Tensor):  # a position per token: rows for this call
-            out = x + self._rows_at(start, x)
-        else:  # the positions start, start + 1, ..., end - 1
-            end = start + x.shape[1 if self.batch_first else 0]
-            # the kept table (none under torch.export, asked first so that no guard
-            # on end is recorded; none in a trace, for fake or meta tensors, in
-            # torch.func), or rows computed for this call
-            within = not is_exporting() and end <= self.max_len
-            table = cached_table(self, x) if within else None
-            if table is not None:
-                out = x + table[start:end]
-            else:
-                out = _past_the_cache(self, x, start, end)
-        if self.training and self.dropout.p > 0:
-            out = self.dropout(out)
-        return out
+    Returns:
+        Tensor of ``x``'s shape, dtype and device.
 
-    def encoding(
-        self,
-        positions: int | Tensor,
-        *,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ) -> Tensor:
-        """This module's encoding of ``positions`` (see
-        :func:`posenc.sinusoidal_encoding`).
-
-        Returns:
-            Tensor of shape ``[n, d_model]`` for an int ``n``,
-            ``[*positions.shape, d_model]`` for a tensor.
-        """
-        return sinusoidal_encoding(
-            positions, self.d_model, base=self._base(), dtype=dtype, device=device,
-            layout=self.layout, schedule=self.schedule,
-        )  # fmt: skip
-
-    def _rows(self, p: Tensor, dtype: torch.dtype, chunked: bool = True) -> Tensor:
-        """The encoding of float64 positions ``p``: ``[*p.shape, d_model]``, built
-        in chunks of positions unless ``chunked`` is False."""
-        settings = (self.d_model, self._base(), self.layout, self.schedule)
-        return _encoding_rows(p, *settings, dtype, chunked)
-
-    def _rows_at(self, positions: Tensor, x: Tensor) -> Tensor:
-        """The rows of integer ``positions`` ``[seq_len]`` or ``[batch, seq_len]``,
-        in ``x``'s layout, on its device and in its dtype."""
-        pe = self._rows(positions.to(device=x.device, dtype=torch.float64), x.dtype)
-        if self.batch_first:
-            return pe  # [seq_len, d_model] or [batch, seq_len, d_model]
-        return pe.unsqueeze(1) if positions.dim() == 1 else pe.transpose(0, 1)
-
-    def _build_table(self, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """The rows of positions 0 .. max_len - 1, computed in float64 and rounded
-        once to ``dtype``: ``[max_len, d_model]``, or ``[max_len, 1, d_model]``
-        sequence-first (kept by ``posenc._tables.cached_table``)."""
-        p = torch.arange(self.max_len, dtype=torch.float64, device=device)
-        table = self._rows(p, dtype)
-        return table if self.batch_first else table.unsqueeze(1)
-
-    def _base(self) -> float:
-        # torch.compile(dynamic=True) would trace the float `base` as a symbol; read
-        # it as the constant it is
-        return _constant_base(self) if torch.compiler.is_compiling() else self.base
-
-    def extra_repr(self) -> str:
-        return (
-            f"d_model={self.d_model}, max_len={self.max_len}, base={self.base}, "
-            f"batch_first={self.batch_first}, layout={self.layout!r}, "
-            f"schedule={self.schedule!r}"
-        )
-
-    def __getstate__(self) -> dict[str, Any]:
-        # The cache is derived data: pickles (torch.save(model), copy.deepcopy,
-        # multiprocessing) never carry it, so they stay small and a load with
-        # map_location cannot leave a table under a stale (device, dtype) key.
-        return {**super().__getstate__(), "_tables": {}}
+    Values are checked where reading them costs nothing: an int ``offset``
+    always (under torch.compile too), tensor offsets and ``positions`` only on
+    the CPU in eager mode. On a GPU (where a read would synchronise with the
+    host) and under torch.compile or torch.export they are not read, and a
+    negative one gives the encoding of that negative position.
+    """
+    start = check_forward(x, offset, positions, self.d_model, self.batch_first)
+    if isinstance(start, Tensor):  # a position per token: rows for this call
+        out = x + self._rows_at(start, x)
+    else:  # the positions start, start + 1, ..., end - 1
+        end = start + x.shape[1 if self.batch_first else 0]
+        # the kept table (none under torch.export, asked first so that no guard
+        # on end is recorded; none in a trace, for fake or meta tensors, in
+        # torch.func), or rows computed for this call
+        within = not is_exporting() and end <= self.max_len
+        table = cached_table(self, x) if within else None
+        if table is not None:
+            out = x + table[start:end]
+        else:
+            out = _past_the_cache(self, x, start, end)
+    if self.training and self.dropout.p > 0:
+        out = self.dropout(out)
+    return out
 
 
-# 02_module.ipynb, cell 14: The exported module
+# 02_module.ipynb, cell 16: The exported module
+@method_of(PositionalEncoding)
+def encoding(
+    self: PositionalEncoding,
+    positions: int | Tensor,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """This module's encoding of ``positions`` (see
+    :func:`posenc.sinusoidal_encoding`).
+
+    Returns:
+        Tensor of shape ``[n, d_model]`` for an int ``n``,
+        ``[*positions.shape, d_model]`` for a tensor.
+    """
+    return sinusoidal_encoding(
+        positions, self.d_model, base=self._base(), dtype=dtype, device=device,
+        layout=self.layout, schedule=self.schedule,
+    )  # fmt: skip
+
+
+@method_of(PositionalEncoding)
+def _rows(
+    self: PositionalEncoding, p: Tensor, dtype: torch.dtype, chunked: bool = True
+) -> Tensor:
+    """The encoding of float64 positions ``p``: ``[*p.shape, d_model]``, built
+    in chunks of positions unless ``chunked`` is False."""
+    settings = (self.d_model, self._base(), self.layout, self.schedule)
+    return _encoding_rows(p, *settings, dtype, chunked)
+
+
+@method_of(PositionalEncoding)
+def _rows_at(self: PositionalEncoding, positions: Tensor, x: Tensor) -> Tensor:
+    """The rows of integer ``positions`` ``[seq_len]`` or ``[batch, seq_len]``,
+    in ``x``'s layout, on its device and in its dtype."""
+    pe = self._rows(positions.to(device=x.device, dtype=torch.float64), x.dtype)
+    if self.batch_first:
+        return pe  # [seq_len, d_model] or [batch, seq_len, d_model]
+    return pe.unsqueeze(1) if positions.dim() == 1 else pe.transpose(0, 1)
+
+
+@method_of(PositionalEncoding)
+def _build_table(
+    self: PositionalEncoding, device: torch.device, dtype: torch.dtype
+) -> Tensor:
+    """The rows of positions 0 .. max_len - 1, computed in float64 and rounded
+    once to ``dtype``: ``[max_len, d_model]``, or ``[max_len, 1, d_model]``
+    sequence-first (kept by ``posenc._tables.cached_table``)."""
+    p = torch.arange(self.max_len, dtype=torch.float64, device=device)
+    table = self._rows(p, dtype)
+    return table if self.batch_first else table.unsqueeze(1)
+
+
+@method_of(PositionalEncoding)
+def _base(self: PositionalEncoding) -> float:
+    # torch.compile(dynamic=True) would trace the float `base` as a symbol; read
+    # it as the constant it is
+    return _constant_base(self) if torch.compiler.is_compiling() else self.base
+
+
+@method_of(PositionalEncoding)
+def extra_repr(self: PositionalEncoding) -> str:
+    return (
+        f"d_model={self.d_model}, max_len={self.max_len}, base={self.base}, "
+        f"batch_first={self.batch_first}, layout={self.layout!r}, "
+        f"schedule={self.schedule!r}"
+    )
+
+
+# 02_module.ipynb, cell 17: The exported module
 def _past_the_cache(
     module: PositionalEncoding, x: Tensor, offset: int, end: int
 ) -> Tensor:
@@ -260,7 +280,7 @@ def _constant_base(module: PositionalEncoding) -> float:
     return module.base
 
 
-# 02_module.ipynb, cell 17: The exported module
+# 02_module.ipynb, cell 20: The exported module
 def get_positional_encoding(d_model: int, max_len: int = 5000) -> Tensor:
     """The encoding table in labml's layout: a drop-in for ``labml_nn``'s
     ``get_positional_encoding``.

@@ -85,19 +85,49 @@ def test_no_visible_cell_is_over_40_lines(chapter: str) -> None:
 WORDS_PER_MINUTE = 200
 
 
-def route_words() -> int:
-    """Words of prose a newcomer reads on the route after chapter 00, each chapter up to its *Going further* part."""
+#: The most words of prose each route chapter may hold up to its *Going further* part: the route, chapter 00
+#: included, is at most ROUTE_WORDS (issue 33: 45 minutes at 200 words a minute).
+CHAPTER_WORDS = {
+    "00_first_read": 2550,
+    "01_derivation": 1400,
+    "02_module": 900,
+    "06_rotary": 1400,
+    "07_timesteps_and_grids": 800,
+    "08_position_matters": 1300,
+    "09_context_extension": 600,
+}
+ROUTE_WORDS = 9000
+
+
+def chapter_words(chapter: str) -> int:
+    """Words of prose in ``chapter`` up to its *Going further* part (markdown cells; code and outputs apart)."""
+    nb = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text(encoding="utf-8"))
     words = 0
-    for chapter in ROUTE[1:]:
-        nb = json.loads(
-            (ROOT / "book" / f"{chapter}.ipynb").read_text(encoding="utf-8")
-        )
-        for cell in nb["cells"]:
-            if _going_further(cell):
-                break
-            if cell["cell_type"] == "markdown":
-                words += len("".join(cell["source"]).split())
+    for cell in nb["cells"]:
+        if _going_further(cell):
+            break
+        if cell["cell_type"] == "markdown":
+            words += len("".join(cell["source"]).split())
     return words
+
+
+def route_words(chapters: tuple[str, ...] = ROUTE[1:]) -> int:
+    """Words of prose a newcomer reads on ``chapters`` (default: the route after chapter 00)."""
+    return sum(chapter_words(chapter) for chapter in chapters)
+
+
+def test_the_route_is_at_most_45_minutes() -> None:
+    assert sum(CHAPTER_WORDS.values()) <= ROUTE_WORDS
+    assert route_words(ROUTE) <= ROUTE_WORDS, route_words(ROUTE)
+
+
+@pytest.mark.parametrize("chapter", ROUTE)
+def test_route_chapter_words(chapter: str) -> None:
+    words = chapter_words(chapter)
+    assert words <= CHAPTER_WORDS[chapter], (
+        f"book/{chapter}.ipynb holds {words} words of prose before its Going further part (at most "
+        f"{CHAPTER_WORDS[chapter]}): move derivations, precision and library material past the heading"
+    )
 
 
 def _going_further(cell: dict) -> bool:

@@ -74,6 +74,10 @@ def _text(**keys: Any) -> dict[str, Any]:
 #: sections of its own ([16, 24, 24]: 64 pairs) when the config names none
 _MROPE = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
 
+#: Special tokens of the omni thinkers, none of which the census's prompts (ids 3 .. 125) hold
+_OMNI_TOKENS = {"vision_start_token_id": 127, "audio_start_token_id": 126, "image_token_id": 127,
+                "video_token_id": 127, "audio_token_id": 126}  # fmt: skip
+
 #: Keys a family's config needs beyond :data:`TINY` (merged into its tiny keyword arguments, sub-configs key by
 #: key), and why.
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -96,10 +100,12 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen2_vl": _text(rope_parameters=_MROPE),
     "qwen2_5_vl": _text(rope_parameters=_MROPE),
     "paddleocr_vl": _text(rope_parameters=_MROPE),
-    # (GLM rotates half of each head: 4 pairs)
-    "glm4v": _text(rope_parameters={**_MROPE, "mrope_section": [1, 1, 2]}),
-    "glm_ocr": _text(rope_parameters={**_MROPE, "mrope_section": [1, 1, 2]}),
-    "glm_image": _text(rope_parameters={**_MROPE, "mrope_section": [1, 1, 2]}),
+    "glm4v": _text(rope_parameters=_MROPE),
+    "glm_ocr": _text(rope_parameters=_MROPE),
+    "glm_image": _text(rope_parameters=_MROPE),
+    # (the thinker's position ids read its special tokens: ids the random prompt never holds)
+    "qwen2_5_omni": {**_text(rope_parameters=_MROPE), **_OMNI_TOKENS},
+    "qwen3_omni_moe": _OMNI_TOKENS,
     # (GLM-4V-MoE: a section of zero pairs, as its configs have)
     "glm4v_moe": _text(
         rope_parameters={
@@ -350,18 +356,37 @@ def _sub_configs(config: Any) -> list[Any]:
     return found
 
 
+#: waveform samples per token of the census's prompt length, for a speech encoder fed input_values (Moonshine's
+#: convolutions take 384 samples to a frame)
+AUDIO_SAMPLES = 400
+
+
 def inputs(model: Any, batch: int = 2, length: int = 12) -> dict[str, torch.Tensor]:
-    """Random token ids (seeded) in the forward's own keywords: input_ids, and decoder_input_ids for an
-    encoder-decoder; a model that takes no input_ids raises :class:`NotBuilt`."""
+    """Random inputs (seeded) in the forward's own keywords: input_ids, or a waveform (input_values) for a speech
+    encoder, and decoder_input_ids for an encoder-decoder; a model that takes neither raises :class:`NotBuilt`."""
     names = set(inspect.signature(model.forward).parameters)
-    if "input_ids" not in names:
+    audio = "input_ids" not in names and "input_values" in names
+    if "input_ids" not in names and not audio:
         raise NotBuilt(
-            f"{type(model).__name__}.forward takes no input_ids (a prompt of tokens is all the census feeds)"
+            f"{type(model).__name__}.forward takes no input_ids or input_values (a prompt of tokens or a "
+            "waveform is all the census feeds)"
         )
-    vocab = model.config.get_text_config(decoder=True).vocab_size or VOCAB
+    vocab = (
+        getattr(model.config.get_text_config(decoder=True), "vocab_size", None) or VOCAB
+    )
     generator = torch.Generator().manual_seed(7)
     ids = torch.randint(3, min(vocab, VOCAB) - 1, (batch, length), generator=generator)
-    given = {"input_ids": ids}
+    # a speech encoder (Moonshine) takes a waveform
+    given = (
+        {
+            "input_values": torch.randn(
+                batch, length * AUDIO_SAMPLES, generator=generator
+            )
+        }
+        if audio
+        else {}
+    )
+    given |= {} if audio else {"input_ids": ids}
     if (
         getattr(model.config, "is_encoder_decoder", False)
         and "decoder_input_ids" in names

@@ -174,13 +174,13 @@ def layers_that_rotate(
     the model holds (a hybrid's linear-attention or Mamba layers have none). ``posenc.conventions.rotated_layers``
     must name ``rotating`` among ``present``."""
     from posenc.conventions._hf_families import (
-        _family,
-        _rotation_functions,
-        _rotation_guards,
+        family_of,
+        rotation_functions,
+        rotation_guards,
     )
 
-    family = _family(model.config)
-    found = _rotation_guards(family)
+    family = family_of(model.config)
+    found = rotation_guards(family)
     if len(found) != 1:
         raise ValueError(f"{len(found)} attention classes rotate q and k")
     layers = [m for m in model.modules() if isinstance(m, found[0][0])]
@@ -194,7 +194,7 @@ def layers_that_rotate(
     ]
     for index, layer in zip(indices, layers):
         layer.register_forward_pre_hook(lambda *_, i=index: current.__setitem__(0, i))
-    originals = {f.__name__: f for f in _rotation_functions(family)}
+    originals = {f.__name__: f for f in rotation_functions(family)}
 
     def spy(original: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:

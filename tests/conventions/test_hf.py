@@ -399,7 +399,18 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(TypeError, match=r"config must be a transformers model config"):
         HFRotaryEmbedding({"rope_theta": 1e4})
     with pytest.raises(TypeError, match=r"position_ids must be an integer tensor"):
-        ours(torch.zeros(1), torch.arange(4.0)[None])
+        ours(torch.zeros(1), torch.ones(1, 4, dtype=torch.bool))
+    # float positions, as transformers' own module takes them (Qwen3-Omni's thinker counts in float): whole
+    # numbers give the integer positions' tables, anything else is refused
+    floats, ints = (
+        ours(torch.zeros(1), torch.arange(4.0)[None]),
+        ours(torch.zeros(1), torch.arange(4)[None]),
+    )
+    assert all(torch.equal(a, b) for a, b in zip(floats, ints))
+    with pytest.raises(
+        ValueError, match=r"position_ids must hold whole numbers .*\[0.5\]"
+    ):
+        ours(torch.zeros(1), torch.tensor([[0.0, 0.5]]))
     with pytest.raises(TypeError, match=r"x must be a floating tensor"):
         ours(torch.zeros(1, dtype=torch.long), torch.arange(4)[None])
     with pytest.raises(

@@ -62,3 +62,24 @@ def test_readme_states_the_experiments_recorded_time() -> None:
     minutes, seconds = map(int, row.groups())
     assert seconds == round(results["wall_seconds"]), (row.group(0), seconds)
     assert minutes == round(results["wall_seconds"] / 60), (row.group(0), minutes)
+
+
+def test_readme_states_the_recorded_census() -> None:
+    # the census sentence's counts are those of the committed record (`python -m tests.census` writes it)
+    import json
+
+    record = next((ROOT / "benchmarks" / "results").glob("census-transformers-*.json"))
+    census = json.loads(record.read_text(encoding="utf-8"))
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(
+        r"(\d+) families, (\d+) the same, (\d+) refused with the reason, (\d+) that the census cannot build",
+        text,
+    )
+    assert said, "the README's census sentence is gone"
+    counts = census["counts"]
+    assert [int(n) for n in said.groups()] == [
+        census["families"],
+        counts["ok"],
+        counts["refused"],
+        counts["not_built"],
+    ], record.name
