@@ -284,3 +284,29 @@ def test_the_attention_factor_chapter_13_quotes():
     }
     assert _attention_factor(longrope) > 1
     assert _attention_factor({"rope_type": "linear", "factor": 4.0}) == 1.0
+
+
+def test_an_odd_partial_rotary_width_is_transformers_own() -> None:
+    # transformers: dim = int(head_dim * partial_rotary_factor); inv_freq = 1 / base^(arange(0, dim, 2) / dim), so an
+    # odd dim turns ceil(dim / 2) pairs (dim + 1 channels) at base^(-2i/dim) (Moonshine's tiny head: 8 * 0.9 = 7)
+    import posenc
+
+    rope = posenc.RotaryEmbedding(
+        8, scaling={"rope_type": "default", "partial_rotary_factor": 0.9}
+    )
+    want = 1.0 / 1e4 ** (torch.arange(0, 7, 2, dtype=torch.float64) / 7)
+    assert rope.rotary_dim == 8
+    assert torch.allclose(rope.frequencies, want, rtol=1e-15, atol=0)
+    with pytest.raises(
+        ValueError,
+        match=r"= 7 must be a positive number of channels, even for rope_type 'yarn'",
+    ):
+        posenc.RotaryEmbedding(
+            8,
+            scaling={
+                "rope_type": "yarn",
+                "factor": 2.0,
+                "partial_rotary_factor": 0.9,
+                "original_max_position_embeddings": 16,
+            },
+        )
