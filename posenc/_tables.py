@@ -8,7 +8,6 @@ __all__ = [
     "TableCache",
     "assume_constant_result",
     "cached_table",
-    "fake",
     "is_exporting",
     "storable",
 ]
@@ -48,22 +47,16 @@ def storable(x: Tensor) -> bool:
     fake or meta ``x`` (nor under an active ``FakeTensorMode``), not inside
     ``torch.func`` (vmap, grad, jvp). Call it outside ``torch.compile`` only.
     """
-    if torch.jit.is_tracing() or is_exporting():
+    if torch.jit.is_tracing() or is_exporting() or x.is_meta or in_torch_func(x):
         return False
-    return not (x.is_meta or in_torch_func(x) or fake(x))
-
-
-def fake(x: Tensor) -> bool:
-    """Whether ``x`` is a fake tensor, or a ``FakeTensorMode`` is active (memory or
-    shape planning): nothing built from it may be kept."""
-    fake_mode = torch._C._TorchDispatchModeKey.FAKE
-    if torch._C._get_dispatch_mode(fake_mode) is not None:
-        return True
-    if type(x) is Tensor and not (torch._is_functional_tensor(x) or in_torch_func(x)):
-        return False  # a plain tensor, no wrapper around a fake one: asked first, cheap
+    # an active FakeTensorMode (memory or shape planning)
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return False
+    if type(x) is Tensor and not torch._is_functional_tensor(x):
+        return True  # a plain tensor, no wrapper around a fake one: asked first, cheap
     from torch._subclasses.fake_tensor import is_fake
 
-    return is_fake(x)
+    return not is_fake(x)
 
 
 # 19_deployment.ipynb, cell 7: One cache of tables
