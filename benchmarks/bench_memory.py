@@ -243,9 +243,11 @@ def _export_revision(rev: str, directory: Path) -> str:
         )
         return done.stdout
 
-    for path in git("ls-tree", "--name-only", rev, "posenc/").split():
-        if path.endswith(".py"):
-            (package / Path(path).name).write_text(git("show", f"{rev}:{path}"))
+    for path in git("ls-tree", "-r", "--name-only", rev, "posenc/").split():
+        if path.endswith(".py"):  # the subpackages too (posenc/rotary/...)
+            target = directory / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(git("show", f"{rev}:{path}"))
     return git("rev-parse", rev).strip()
 
 

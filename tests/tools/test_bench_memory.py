@@ -19,6 +19,8 @@ import posenc.sinusoidal.module
 from benchmarks import bench_memory
 from posenc import PositionalEncoding
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 class LiveBytes(TorchDispatchMode):
     """The peak bytes of the tensor storages that operations create and that are alive at once. Storages that
@@ -124,3 +126,15 @@ def test_the_benchmark_measures_a_case_and_checks_its_goal() -> None:
     }
     assert goals == {"pe_forward": (1.75, False), "pe_cache": (1.4, True)}
     json.dumps(record)
+
+
+def test_a_revision_is_exported_with_its_subpackages(tmp_path) -> None:
+    # --before imports posenc from the exported revision alone: every module, the subpackages' too
+    commit = bench_memory._export_revision("HEAD", tmp_path)
+    assert len(commit) == 40
+    tracked = {p.relative_to(ROOT / "posenc") for p in (ROOT / "posenc").rglob("*.py")}
+    exported = {
+        p.relative_to(tmp_path / "posenc") for p in (tmp_path / "posenc").rglob("*.py")
+    }
+    assert {Path("rotary/rotation.py"), Path("sinusoidal/module.py")} <= exported
+    assert exported <= tracked
